@@ -1,0 +1,102 @@
+"""Load the upstream (unpatched) version of an installed, patched module.
+
+The fix tests first show each bug on upstream code, then show it fixed in the
+installed overlay wheel. Rather than keep a second environment with the
+upstream wheels, we rebuild the upstream file from the installed one: every
+patch of the series that touches the file is reverse-applied with
+`git apply -R` (exact, no fuzz), and the result is imported under another
+module name beside the patched module. Upstream modules use absolute imports,
+so the copy shares every other module with the patched installation: the only
+difference between the two is what the series changed in that file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+
+PATCHES = pathlib.Path(__file__).resolve().parents[2] / "patches"
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+
+
+def series(distribution: str) -> list[pathlib.Path]:
+    """The patch files of a distribution's series, in order."""
+    directory = PATCHES / distribution
+    names = [
+        line.split("#", 1)[0].split()[0]
+        for line in (directory / "series").read_text().splitlines()
+        if line.split("#", 1)[0].strip()
+    ]
+    return [directory / name for name in names]
+
+
+def _touched(patch: pathlib.Path) -> set[str]:
+    return {m.group(2) for m in _DIFF_HEADER.finditer(patch.read_text())}
+
+
+def unpatched_source(distribution: str, module: str) -> str:
+    """The text of `module` as upstream ships it, rebuilt from the installed copy."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"{module} is not installed")
+    installed = pathlib.Path(spec.origin)
+    relpath = module.replace(".", "/") + ".py"
+    patches = [p for p in series(distribution) if relpath in _touched(p)]
+    if not patches:
+        raise LookupError(f"no patch of patches/{distribution}/series touches {relpath}")
+    with tempfile.TemporaryDirectory(prefix="unpatched-") as tmp:
+        work = pathlib.Path(tmp)
+        target = work / relpath
+        target.parent.mkdir(parents=True)
+        shutil.copyfile(installed, target)
+        for patch in reversed(patches):
+            proc = subprocess.run(
+                ["git", "apply", "-R", "--include", relpath, str(patch)],
+                cwd=work,
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(
+                    f"{installed} does not carry {patch.name} exactly "
+                    f"(git apply -R failed): {proc.stderr.strip()}"
+                )
+        return target.read_text()
+
+
+def load_unpatched(distribution: str, module: str) -> types.ModuleType:
+    """Import the upstream version of `module` as `<module>__unpatched`.
+
+    The rebuilt source is written to a file that lives as long as the process,
+    so tracebacks through the upstream code show its real lines.
+    """
+    name = module + "__unpatched"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = _keep_dir() / (name + ".py")
+    path.write_text(unpatched_source(distribution, module))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = module.rpartition(".")[0]
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
+
+
+_KEEP: list[tempfile.TemporaryDirectory] = []
+
+
+def _keep_dir() -> pathlib.Path:
+    if not _KEEP:
+        _KEEP.append(tempfile.TemporaryDirectory(prefix="unpatched-modules-"))
+    return pathlib.Path(_KEEP[0].name)
