@@ -1,0 +1,118 @@
+"""Command line: a thin layer over the stage modules.
+
+    maxtext-rl-overlay build [--source NAME=PATH]... [--only NAMES] [--out DIR] ...
+    maxtext-rl-overlay verify [--require-pinned]
+    maxtext-rl-overlay lint
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from .errors import OverlayError
+
+
+def _find_project(start: pathlib.Path) -> pathlib.Path:
+    for path in (start, *start.parents):
+        if (path / "patches").is_dir() and (path / "pyproject.toml").is_file():
+            return path
+    raise OverlayError(f"{start} is not inside a maxtext-rl-overlay checkout (no patches/ and pyproject.toml above it); pass --project.")
+
+
+def _source_arg(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    from .build import BuildOptions, build
+
+    given: dict[str, str] = {}
+    for name, path in args.source:
+        if name in given:
+            raise OverlayError(f"--source {name} given twice.")
+        given[name] = path
+    result = build(
+        BuildOptions(
+            project_root=args.project or _find_project(pathlib.Path.cwd()),
+            sources=given,
+            only=[n.strip() for n in args.only.split(",") if n.strip()] if args.only else None,
+            out=args.out,
+            constraints=args.constraints,
+            allow_unpinned=args.unpinned,
+            engine=args.engine,
+            python=args.python or sys.executable,
+        )
+    )
+    for name, sha in result.wheels.items():
+        print(f"{sha}  {name}")
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from . import verify
+
+    findings = verify.check(require_pinned=args.require_pinned)
+    print(verify.render(findings))
+    bad = [f for f in findings if not f.ok]
+    if bad:
+        print(f"\nverify: NO - {len(bad)} check(s) differ from the overlay build.", file=sys.stderr)
+        return 1
+    print("\nverify: yes - the installed distributions are the overlay builds, patched files intact.")
+    return 0
+
+
+def _cmd_lint(args: argparse.Namespace) -> int:
+    from . import patchfile
+    from .pins import load_project
+
+    project = load_project(args.project or _find_project(pathlib.Path.cwd()))
+    problems = [problem for pin in project.pins.values() for path in pin.series for problem in patchfile.lint(patchfile.parse(path))]
+    for problem in problems:
+        print(problem)
+    count = sum(len(p.series) for p in project.pins.values())
+    print(f"lint: {count} patch(es), {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="maxtext-rl-overlay", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build the overlay wheels, the index and constraints.txt")
+    b.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
+                   help="a git repository holding the pinned commit, or a source tree or archive")
+    b.add_argument("--only", metavar="NAME[,NAME...]", help="build only these upstreams (maxtext-rl-overlay is always built)")
+    b.add_argument("--out", type=pathlib.Path, help="where the index goes (default: dist/)")
+    b.add_argument("--constraints", type=pathlib.Path, help="where constraints.txt goes (default: the project's)")
+    b.add_argument("--unpinned", action="store_true", help="accept source trees that are not the pinned tree, labelled as such")
+    b.add_argument("--engine", choices=("git", "patch-ng"), help="patch engine (default: git where installed)")
+    b.add_argument("--python", help="interpreter for the builds and the resolver (default: this one)")
+    b.add_argument("--project", type=pathlib.Path, help="the maxtext-rl-overlay checkout (default: found from the current folder)")
+    b.set_defaults(func=_cmd_build)
+
+    v = sub.add_parser("verify", help="check that the installed distributions are the overlay builds")
+    v.add_argument("--require-pinned", action="store_true", help="also fail on wheels built from stand-in (unpinned) sources")
+    v.set_defaults(func=_cmd_verify)
+
+    lint = sub.add_parser("lint", help="check every patch of every series for its trailers and format")
+    lint.add_argument("--project", type=pathlib.Path)
+    lint.set_defaults(func=_cmd_lint)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except OverlayError as exc:
+        print(f"maxtext-rl-overlay: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

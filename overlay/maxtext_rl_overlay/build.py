@@ -1,0 +1,140 @@
+"""The whole build: pins + series -> wheels -> index + constraints.txt.
+
+One entry function, `build`, taking plain options and returning what it
+made. Everything is made in a staging folder beside the output and moved into
+place only at the end, so an interrupted or failed build leaves the previous
+index and constraints.txt as they were."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+import tomllib
+
+from . import manifest, patchfile, publish, sources, wheels
+from .errors import OverlayError
+from .patching import apply_series
+from .pins import Pin, Project, load_project, select
+from .progress import step
+
+
+@dataclasses.dataclass
+class BuildOptions:
+    project_root: pathlib.Path
+    sources: dict[str, str]  # distribution -> path given with --source
+    only: list[str] | None = None
+    out: pathlib.Path | None = None  # default: <project>/dist
+    constraints: pathlib.Path | None = None  # default: <project>/constraints.txt
+    allow_unpinned: bool = False
+    engine: str | None = None  # patch engine; default git where installed
+    python: str = sys.executable  # the interpreter the builds and the resolver use
+    cache: pathlib.Path | None = None
+
+
+@dataclasses.dataclass
+class BuildResult:
+    out: pathlib.Path
+    constraints: pathlib.Path
+    wheels: dict[str, str]  # file name -> sha256
+    from_pin: dict[str, bool]
+
+
+def build(opts: BuildOptions) -> BuildResult:
+    project = load_project(opts.project_root)
+    chosen = select(project, opts.only)
+    unknown = sorted(set(opts.sources) - set(project.pins))
+    if unknown:
+        raise OverlayError(f"--source: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(project.pins)}.")
+    out = (opts.out or project.root / "dist").resolve()
+    constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
+    try:
+        entries: dict[str, dict] = {}
+        for pin in chosen:
+            entries[pin.distribution] = _build_upstream(project, pin, opts, staging)
+        overlay_wheel = _build_overlay(project, entries, [p for p in project.pins if p not in entries], staging, opts)
+        sums = publish.write_index(staging)
+        find_links = _relative(out, constraints_path.parent)
+        requirement = f"maxtext-rl-overlay=={_wheel_version(overlay_wheel)}"
+        closure = publish.resolve_closure(staging, requirement, opts.python)
+        pinned = all(e["from_pin"] for e in entries.values())
+        note = (
+            "Built from the pins in patches/*/pin.toml."
+            if pinned
+            else "NOT built from the pins: stand-in sources for " + ", ".join(n for n, e in entries.items() if not e["from_pin"]) + "."
+        )
+        text = publish.constraints_text(closure, sums, find_links, note=note)
+        publish.replace_dir(staging, out)
+        publish.write_atomically(constraints_path, text)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")
+    return BuildResult(out, constraints_path, sums, {n: e["from_pin"] for n, e in entries.items()})
+
+
+def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
+    import os
+
+    rel = os.path.relpath(target, start)
+    return rel if rel.startswith(".") else "./" + rel
+
+
+def _wheel_version(wheel: pathlib.Path) -> str:
+    from packaging.utils import parse_wheel_filename
+
+    return str(parse_wheel_filename(wheel.name)[1])
+
+
+def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, staging: pathlib.Path) -> dict:
+    source = sources.obtain(pin, opts.sources.get(pin.distribution), allow_unpinned=opts.allow_unpinned, cache=opts.cache)
+    if source.from_pin:
+        version = wheels.wheel_version(pin.version, project.local_label)
+    else:
+        # A stand-in tree is built as what it is (its own version when it is
+        # an sdist), and its local label says it is not the pin.
+        version = wheels.wheel_version(source.upstream_version or pin.version, f"{project.local_label}.unpinned.{source.tree[:8]}")
+    with tempfile.TemporaryDirectory(prefix=f"mrl-{pin.distribution}-") as tmp:
+        tree = pathlib.Path(tmp) / "tree"
+        applied = apply_series(pin, source, tree, engine=opts.engine)
+        if not pin.series:
+            step.note(pin.distribution, "empty series: pinned, not patched")
+        wheels.set_static_version(tree, version)
+        wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution)
+        env = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
+        date = pin.date or source.date
+        wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=env, epoch=wheels.commit_epoch(date), python=opts.python)
+    got = _wheel_version(wheel)
+    if got != version:
+        raise OverlayError(f"{pin.distribution}: the wheel says version {got}, expected {version}; check the pin's build env.")
+    patch_ids = {p.name: patchfile.patch_id(p) for p in pin.series} if shutil.which("git") else {}
+    step.note(pin.distribution, f"built {wheel.name}")
+    return manifest.entry(pin, source, version, wheel, applied, patch_ids)
+
+
+def _build_overlay(project: Project, entries: dict[str, dict], not_built: list[str], staging: pathlib.Path, opts: BuildOptions) -> pathlib.Path:
+    """The maxtext-rl-overlay wheel: our code, the manifest, and exact
+    dependencies on the overlay builds just made."""
+    root = project.root
+    meta = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    with tempfile.TemporaryDirectory(prefix="mrl-overlay-") as tmp:
+        tree = pathlib.Path(tmp) / "maxtext-rl-overlay"
+        tree.mkdir()
+        shutil.copy2(root / "README.md", tree / "README.md")
+        shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))
+        text = (root / "pyproject.toml").read_text()
+        deps = list(meta.get("dependencies", [])) + [f"{name}=={e['version']}" for name, e in entries.items()]
+        new, count = re.subn(r"(?ms)^dependencies = \[.*?\]\n", "dependencies = [\n" + "".join(f'  "{d}",\n' for d in deps) + "]\n", text, count=1)
+        if count != 1:
+            raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the [project] dependencies list to pin the overlay builds.")
+        (tree / "pyproject.toml").write_text(new)
+        doc = manifest.dumps(entries, overlay_version=meta["version"], revision=project.revision, not_built=not_built)
+        (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(doc)
+        # The newest pinned commit date: the same on every machine.
+        epoch = max((wheels.commit_epoch(e["pin"]["date"]) for e in entries.values() if e["pin"]["date"]), key=int, default=wheels.commit_epoch(None))
+        return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=opts.python)

@@ -1,0 +1,71 @@
+"""The build manifest: what each overlay wheel was built from, and the sha256
+of every installed file its series touches. Written at build time into the
+maxtext-rl-overlay wheel; read back by `verify` on the target machine.
+
+Plain JSON, keys sorted, no machine paths or times: the same pins give the
+same manifest, and so the same maxtext-rl-overlay wheel, on any machine."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import zipfile
+from importlib import resources
+
+from .errors import OverlayError
+from .patching import AppliedPatch
+from .pins import Pin
+from .sources import Source
+
+FORMAT = 1
+RESOURCE = "manifest.json"
+
+
+def sha256_file(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def entry(pin: Pin, source: Source, version: str, wheel: pathlib.Path, series: list[AppliedPatch], patch_ids: dict[str, str]) -> dict:
+    """The manifest entry of one built distribution."""
+    touched = sorted({f for p in series for f in p.files})
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        # Files the series touches that the wheel installs (a touched test or
+        # build file is not installed, so there is nothing to verify of it).
+        files = {f: hashlib.sha256(zf.read(f)).hexdigest() for f in touched if f in names}
+    return {
+        "version": version,
+        "from_pin": source.from_pin,
+        "pin": {"repository": pin.repository, "commit": pin.commit, "tree": pin.tree, "date": pin.date},
+        "source": {"tree": source.tree, "commit": source.commit, "upstream_version": source.upstream_version},
+        "wheel": {"filename": wheel.name, "sha256": sha256_file(wheel)},
+        "series": [dict(dataclasses.asdict(p), files=list(p.files), patch_id=patch_ids.get(p.name)) for p in series],
+        "files": files,
+    }
+
+
+def dumps(distributions: dict[str, dict], *, overlay_version: str, revision: int, not_built: list[str]) -> str:
+    doc = {
+        "format": FORMAT,
+        "overlay": {"version": overlay_version, "revision": revision},
+        "distributions": distributions,
+        "not_built": sorted(not_built),
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def load_installed() -> dict:
+    """The manifest of the installed maxtext-rl-overlay wheel."""
+    try:
+        text = (resources.files(__package__) / RESOURCE).read_text()
+    except FileNotFoundError:
+        raise OverlayError(
+            "this maxtext-rl-overlay carries no build manifest: it was installed from a source "
+            "tree, not from a wheel made by scripts/build-wheels.sh. Install the built wheel."
+        ) from None
+    doc = json.loads(text)
+    if doc.get("format") != FORMAT:
+        raise OverlayError(f"the installed manifest has format {doc.get('format')}; this tool reads format {FORMAT}.")
+    return doc

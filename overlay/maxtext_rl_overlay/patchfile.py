@@ -1,0 +1,119 @@
+"""What a `git format-patch --full-index` file says: its header, its
+trailers, and for each file it touches the pre- and post-image blob ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import email.parser
+import email.policy
+import pathlib
+import re
+import subprocess
+
+from .errors import OverlayError
+
+UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Inappropriate")
+_DIFF = re.compile(r"^diff --git a/(.+?) b/(.+)$")
+_INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: (\d{6}))?$")
+_TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
+ZERO = "0" * 40
+
+
+@dataclasses.dataclass(frozen=True)
+class FileChange:
+    path: str  # the post-image path (b/...)
+    old_path: str
+    pre: str  # 40-hex blob id, ZERO for a new file
+    post: str  # 40-hex blob id, ZERO for a deleted file
+    binary: bool
+    mode_change: bool
+    has_hunks: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchFile:
+    path: pathlib.Path
+    subject: str
+    trailers: dict[str, str]
+    files: tuple[FileChange, ...]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def parse(path: pathlib.Path) -> PatchFile:
+    text = path.read_text(errors="surrogateescape")
+    head, sep, diff = text.partition("\n---\n")
+    if not sep or "\ndiff --git " not in "\n" + diff:
+        raise OverlayError(f"{path} is not a git format-patch file (no '---' separator or no 'diff --git').")
+    msg = email.parser.Parser(policy=email.policy.default).parsestr(head)
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(msg.get("Subject", "")).split()))
+    if not subject or msg.get("From") is None:
+        raise OverlayError(f"{path} has no From: or Subject: header; re-export it with git format-patch.")
+    body = msg.get_payload() if not msg.is_multipart() else ""
+    trailers: dict[str, str] = {}
+    for line in reversed(str(body).strip().splitlines()):
+        m = _TRAILER.match(line.strip())
+        if not m:
+            break
+        trailers.setdefault(m.group(1), m.group(2).strip())
+    return PatchFile(path, subject, trailers, tuple(_file_changes(path, diff)))
+
+
+def _file_changes(path: pathlib.Path, diff: str):
+    current: dict | None = None
+    for line in diff.splitlines():
+        m = _DIFF.match(line)
+        if m:
+            if current:
+                yield _finish(path, current)
+            current = dict(old_path=m.group(1), path=m.group(2), pre=None, post=None, binary=False, mode_change=False, has_hunks=False)
+            continue
+        if current is None:
+            continue
+        if (m := _INDEX.match(line)) and current["pre"] is None:
+            current["pre"], current["post"] = m.group(1), m.group(2)
+        elif line.startswith(("old mode ", "new mode ")):
+            current["mode_change"] = True
+        elif line.startswith(("Binary files ", "GIT binary patch")):
+            current["binary"] = True
+        elif line.startswith("@@ "):
+            current["has_hunks"] = True
+    if current:
+        yield _finish(path, current)
+
+
+def _finish(path: pathlib.Path, c: dict) -> FileChange:
+    if c["pre"] is None and (c["has_hunks"] or c["binary"]):
+        raise OverlayError(f"{path}: the change to {c['path']} has no 'index' line.")
+    pre, post = c["pre"] or "", c["post"] or ""
+    if (pre or post) and (len(pre) != 40 or len(post) != 40):
+        raise OverlayError(
+            f"{path}: the 'index' line of {c['path']} has abbreviated blob ids; "
+            "re-export the series with git format-patch --full-index."
+        )
+    return FileChange(c["path"], c["old_path"], pre, post, c["binary"], c["mode_change"], c["has_hunks"])
+
+
+def lint(patch: PatchFile) -> list[str]:
+    """What a patch of the series must carry (DEP-3 style), as problems found."""
+    problems = []
+    status = patch.trailers.get("Upstream-Status", "")
+    if status.split(" ", 1)[0] not in UPSTREAM_STATUSES:
+        problems.append(
+            f"{patch.path}: trailer 'Upstream-Status:' must be one of {', '.join(UPSTREAM_STATUSES)} "
+            f"(got {status or 'none'})."
+        )
+    if not patch.files:
+        problems.append(f"{patch.path}: changes no file.")
+    return problems
+
+
+def patch_id(path: pathlib.Path) -> str:
+    """`git patch-id --stable`: the same for the same change wherever it applies."""
+    proc = subprocess.run(["git", "patch-id", "--stable"], input=path.read_bytes(), capture_output=True, check=True)
+    out = proc.stdout.split()
+    if not out:
+        raise OverlayError(f"{path}: git patch-id found no diff in it.")
+    return out[0].decode()

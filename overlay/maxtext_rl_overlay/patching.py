@@ -1,0 +1,217 @@
+"""Stage 2: apply a distribution's series to its source tree.
+
+Two engines give the same answers: `git am -3` where git is installed, and
+patch-ng where it is not. Both work on a private copy that replaces the
+target only once every patch has applied, so a failure leaves nothing
+half-patched. On the pinned tree every touched file must match the patch's
+pre-image blob before, and its post-image blob after; on an unpinned stand-in
+tree only the exact hunks (no fuzz) can be checked, and the result says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+from . import gittree, patchfile
+from .errors import OverlayError
+from .patchfile import ZERO, PatchFile
+from .pins import Pin
+from .progress import step
+from .sources import Source
+
+ENGINES = ("git", "patch-ng")
+_IDENT = {
+    "GIT_AUTHOR_NAME": "maxtext-rl-overlay",
+    "GIT_AUTHOR_EMAIL": "maxtext-rl-overlay@localhost",
+    "GIT_COMMITTER_NAME": "maxtext-rl-overlay",
+    "GIT_COMMITTER_EMAIL": "maxtext-rl-overlay@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AppliedPatch:
+    name: str
+    subject: str
+    upstream_status: str
+    sha256: str
+    blobs_checked: bool  # pre/post-image blob ids verified (pinned tree only)
+    files: tuple[str, ...]
+
+
+def default_engine() -> str:
+    return "git" if shutil.which("git") else "patch-ng"
+
+
+def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: str | None = None) -> list[AppliedPatch]:
+    """Copy `source` to `dest` (which must not exist) with the series applied."""
+    engine = engine or default_engine()
+    if engine not in ENGINES:
+        raise OverlayError(f"unknown patch engine {engine!r}; choose from {', '.join(ENGINES)}.")
+    if dest.exists():
+        raise OverlayError(f"{dest} exists already; refusing to patch into it.")
+    patches = [patchfile.parse(p) for p in pin.series]
+    problems = [problem for p in patches for problem in patchfile.lint(p)]
+    if problems:
+        raise OverlayError("the series does not pass the patch lint:\n  " + "\n  ".join(problems))
+    check_blobs = source.from_pin
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        shutil.copytree(source.path, work, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
+        if engine == "git" and patches:
+            _git_init(work)
+        applied = []
+        for patch in patches:
+            with step(pin.distribution, f"applying {patch.name} ({engine})"):
+                _refuse_already_applied(pin, patch, work, engine)
+                if check_blobs:
+                    _check_images(pin, patch, work, "pre")
+                if engine == "git":
+                    _git_am(pin, patch, work)
+                else:
+                    _patch_ng(pin, patch, work)
+                if check_blobs:
+                    _check_images(pin, patch, work, "post")
+            applied.append(
+                AppliedPatch(
+                    patch.name,
+                    patch.subject,
+                    patch.trailers["Upstream-Status"],
+                    _sha256(patch.path),
+                    check_blobs,
+                    tuple(f.path for f in patch.files),
+                )
+            )
+        shutil.rmtree(work / ".git", ignore_errors=True)
+        os.replace(work, dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return applied
+
+
+def _sha256(path: pathlib.Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _blob_of(work: pathlib.Path, relpath: str) -> str:
+    path = work / relpath
+    if path.is_symlink():
+        return gittree.blob_id(os.readlink(path).encode())
+    return gittree.blob_id(path.read_bytes()) if path.is_file() else ZERO
+
+
+def _check_images(pin: Pin, patch: PatchFile, work: pathlib.Path, which: str) -> None:
+    for change in patch.files:
+        if not change.pre:  # a pure rename or mode change: no content to check
+            continue
+        path, want = (change.old_path, change.pre) if which == "pre" else (change.path, change.post)
+        have = _blob_of(work, path)
+        if have != want:
+            if which == "pre":
+                raise OverlayError(
+                    f"{pin.distribution}: {patch.name} expects {path} at blob {want[:12]} but the tree has "
+                    f"{'no such file' if have == ZERO else 'blob ' + have[:12]} (pin {pin.commit[:12]}). "
+                    "The series no longer fits the pin: carry it forward with scripts/rebase.sh."
+                )
+            raise OverlayError(
+                f"{pin.distribution}: after {patch.name}, {path} is blob {have[:12]}, not the patch's "
+                f"post-image {want[:12]}: the patch file is damaged. Re-export it with git format-patch --full-index."
+            )
+
+
+def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engine: str) -> None:
+    """An already-applied patch must be an error, not a silent no-op."""
+    changes = [c for c in patch.files if c.pre]
+    if changes and all(c.pre != c.post and _blob_of(work, c.path) == c.post for c in changes):
+        already = True
+    elif engine == "git":
+        already = subprocess.run(["git", "apply", "-R", "--check", str(patch.path)], cwd=work, capture_output=True).returncode == 0
+    else:
+        scratch = _scratch_copy(work, patch)
+        try:
+            already = _patch_ng_set(patch).revert(root=str(scratch), strip=1) is True
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if already:
+        raise OverlayError(
+            f"{pin.distribution}: {patch.name} is already applied to the source (it reverse-applies cleanly). "
+            "If upstream now contains it, drop it from the series (scripts/rebase.sh does this)."
+        )
+
+
+def _git_init(work: pathlib.Path) -> None:
+    env = dict(os.environ, **_IDENT)
+    for args in (["init", "-q"], ["add", "-A", "-f"], ["commit", "-q", "--no-verify", "-m", "upstream"]):
+        subprocess.run(["git", *args], cwd=work, env=env, capture_output=True, check=True)
+
+
+def _git_am(pin: Pin, patch: PatchFile, work: pathlib.Path) -> None:
+    env = dict(os.environ, **_IDENT)
+    proc = subprocess.run(
+        ["git", "-c", "core.hooksPath=/dev/null", "am", "-3", "--keep-cr", "--committer-date-is-author-date", str(patch.path)],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        detail = (proc.stdout + proc.stderr).strip().splitlines()
+        subprocess.run(["git", "am", "--abort"], cwd=work, capture_output=True)
+        raise OverlayError(
+            f"{pin.distribution}: {patch.name} does not apply to the source ({'pin ' + pin.commit[:12]}):\n    "
+            + "\n    ".join(detail[-8:])
+            + "\n  Carry the series forward with scripts/rebase.sh, or fix the patch."
+        )
+
+
+def _patch_ng_set(patch: PatchFile):
+    import patch_ng
+
+    for change in patch.files:
+        if change.binary or (change.mode_change and not change.has_hunks) or change.old_path != change.path:
+            kind = "binary" if change.binary else "rename" if change.old_path != change.path else "mode-only"
+            raise OverlayError(
+                f"{patch.name}: the {kind} change to {change.path} cannot be applied without git "
+                "(patch-ng handles text hunks only). Install git."
+            )
+    parsed = patch_ng.fromstring(patch.path.read_bytes())
+    if not parsed or parsed.errors:
+        raise OverlayError(f"{patch.name}: patch-ng cannot parse it ({getattr(parsed, 'errors', '?')} errors).")
+    return parsed
+
+
+def _scratch_copy(work: pathlib.Path, patch: PatchFile) -> pathlib.Path:
+    """A throwaway copy of just the files a patch touches, for trial runs."""
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="mrl-trial-"))
+    for change in patch.files:
+        src = work / change.path
+        if src.is_file():
+            (scratch / change.path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, scratch / change.path)
+    return scratch
+
+
+def _patch_ng(pin: Pin, patch: PatchFile, work: pathlib.Path) -> None:
+    parsed = _patch_ng_set(patch)
+    # patch-ng applies file by file and can stop half-way: try on a scratch
+    # copy first, so that `work` only ever sees a patch that applies whole.
+    scratch = _scratch_copy(work, patch)
+    try:
+        if parsed.apply(strip=1, root=str(scratch), fuzz=False) is not True:
+            raise OverlayError(
+                f"{pin.distribution}: {patch.name} does not apply to the source exactly (patch-ng, no fuzz). "
+                "Carry the series forward with scripts/rebase.sh, or fix the patch."
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if parsed.apply(strip=1, root=str(work), fuzz=False) is not True:
+        raise OverlayError(f"{pin.distribution}: {patch.name} applied on a trial copy but not on the tree.")

@@ -1,0 +1,135 @@
+"""The pins: which upstream commit each distribution is built from, and its
+patch series. Read once from patches/<dist>/pin.toml and patches/<dist>/series
+(the single source of truth) into plain, immutable data."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+import tomllib
+
+from .errors import OverlayError
+
+#: Build order, and the names --only and --source accept.
+DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pin:
+    distribution: str
+    import_package: str
+    repository: str
+    commit: str
+    tree: str  # "" when the tree id is not recorded yet (vLLM: no mirror here)
+    date: str  # the commit's committer date (ISO 8601): the wheels' SOURCE_DATE_EPOCH
+    version: str  # the upstream version string the wheel is built as
+    build_env: dict[str, str]
+    requirement_overrides: dict[str, str]  # requirement name -> replacement
+    directory: pathlib.Path  # patches/<dist>/
+    series: tuple[pathlib.Path, ...]
+
+    @property
+    def pin_file(self) -> pathlib.Path:
+        return self.directory / "pin.toml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Project:
+    root: pathlib.Path
+    revision: int
+    pins: dict[str, Pin]
+
+    @property
+    def local_label(self) -> str:
+        return f"mrl.{self.revision}"
+
+
+def read_series(directory: pathlib.Path) -> tuple[pathlib.Path, ...]:
+    """The patches named by a quilt `series` file, checked against the folder.
+
+    Quilt's format: one patch a line, `#` starts a comment, options after the
+    name (e.g. -p1) are allowed; we accept only -p1, the format-patch default.
+    A .patch file in the folder that the series does not name is an error, so
+    a patch can never be silently left out.
+    """
+    series_file = directory / "series"
+    if not series_file.is_file():
+        raise OverlayError(f"{series_file} is missing: every patches/<dist>/ needs a series file (it may be empty).")
+    names: list[str] = []
+    for lineno, line in enumerate(series_file.read_text().splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if fields[1:] not in ([], ["-p1"]):
+            raise OverlayError(f"{series_file}:{lineno}: only '-p1' may follow a patch name, got {' '.join(fields[1:])!r}.")
+        names.append(fields[0])
+    if len(set(names)) != len(names):
+        raise OverlayError(f"{series_file} names a patch twice.")
+    paths = []
+    for name in names:
+        path = directory / name
+        if not path.is_file():
+            raise OverlayError(f"{series_file} names {name}, which is not in {directory}.")
+        paths.append(path)
+    stray = sorted(p.name for p in directory.glob("*.patch") if p.name not in names)
+    if stray:
+        raise OverlayError(
+            f"{directory} holds patches outside its series: {', '.join(stray)}. "
+            f"Add them to {series_file} or delete them."
+        )
+    return tuple(paths)
+
+
+def read_pin(directory: pathlib.Path) -> Pin:
+    pin_file = directory / "pin.toml"
+    try:
+        data = tomllib.loads(pin_file.read_text())
+    except FileNotFoundError:
+        raise OverlayError(f"{pin_file} is missing.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise OverlayError(f"{pin_file} is not valid TOML: {exc}") from None
+    try:
+        build = data.get("build", {})
+        pin = Pin(
+            distribution=data["distribution"],
+            import_package=data["import-package"],
+            repository=data["repository"],
+            commit=data["commit"],
+            tree=data["tree"],
+            date=data["date"],
+            version=data["version"],
+            build_env=dict(build.get("env", {})),
+            requirement_overrides=dict(build.get("requirements", {})),
+            directory=directory,
+            series=read_series(directory),
+        )
+    except KeyError as exc:
+        raise OverlayError(f"{pin_file} lacks the key {exc.args[0]!r}.") from None
+    if pin.distribution != directory.name:
+        raise OverlayError(f"{pin_file} says distribution {pin.distribution!r} but lives in {directory.name}/.")
+    if not _HEX40.match(pin.commit) or (pin.tree and not _HEX40.match(pin.tree)):
+        raise OverlayError(f"{pin_file}: commit and tree must be 40 lower-case hex digits.")
+    return pin
+
+
+def load_project(root: pathlib.Path) -> Project:
+    """Read pyproject.toml's overlay revision and every pin below patches/."""
+    pyproject = root / "pyproject.toml"
+    try:
+        revision = tomllib.loads(pyproject.read_text())["tool"]["maxtext-rl-overlay"]["revision"]
+    except (FileNotFoundError, KeyError):
+        raise OverlayError(f"{pyproject} lacks [tool.maxtext-rl-overlay] revision: is {root} the project?") from None
+    pins = {name: read_pin(root / "patches" / name) for name in DISTRIBUTIONS}
+    return Project(root=root, revision=int(revision), pins=pins)
+
+
+def select(project: Project, only: list[str] | None) -> list[Pin]:
+    """The pins --only names, in build order; all of them without --only."""
+    if not only:
+        return list(project.pins.values())
+    unknown = sorted(set(only) - set(DISTRIBUTIONS))
+    if unknown:
+        raise OverlayError(f"--only: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(DISTRIBUTIONS)}.")
+    return [project.pins[name] for name in DISTRIBUTIONS if name in only]

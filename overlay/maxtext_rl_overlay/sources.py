@@ -1,0 +1,255 @@
+"""Stage 1: get the pinned upstream tree, verified, into the source cache.
+
+A source is a local git repository or mirror holding the pinned commit, an
+unpacked source tree, or a packed one (.tar.gz, .tgz, .tar, .zip); without one
+we try the network (git fetch of the commit). Git sources are checked by
+commit and tree id, trees by their git tree id computed here. A tree that is
+not the pinned one (a PyPI sdist standing in for the pin, say) is refused
+unless the caller allows unpinned sources, and is then labelled as such; it
+is never substituted silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.parser
+import os
+import pathlib
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+
+from . import gittree
+from .errors import OverlayError
+from .pins import Pin
+from .progress import step
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    distribution: str
+    path: pathlib.Path  # a cached, read-only tree: copy before changing it
+    tree: str  # its git tree id
+    commit: str | None  # None for a tree that came without git history
+    from_pin: bool
+    origin: str  # what the user gave, for the manifest and messages
+    upstream_version: str | None  # PKG-INFO's Version, when the tree is an sdist
+    absent: tuple[str, ...] = ()  # files the git source lacked (outside the package)
+    date: str = ""  # the commit date, where git history came with the tree
+
+
+def cache_root() -> pathlib.Path:
+    base = os.environ.get("MRL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay"
+    )
+    return pathlib.Path(base)
+
+
+def obtain(pin: Pin, given: str | None, *, allow_unpinned: bool, cache: pathlib.Path | None = None) -> Source:
+    """The verified source tree of `pin`, from `given` (a path) or the network."""
+    cache = cache or cache_root()
+    if given is None:
+        return _from_network(pin, cache)
+    path = pathlib.Path(given).expanduser()
+    if not path.exists():
+        raise OverlayError(f"{pin.distribution}: --source {pin.distribution}={given}: no such file or directory.")
+    if path.is_dir() and _is_git_dir(path):
+        return _from_git(pin, path, cache, origin=str(given))
+    if path.is_dir():
+        return _from_tree(pin, path, cache, allow_unpinned=allow_unpinned, origin=str(given))
+    return _from_archive(pin, path, cache, allow_unpinned=allow_unpinned, origin=str(given))
+
+
+def _git(*args: str, git_dir: pathlib.Path | None = None, **kw) -> subprocess.CompletedProcess:
+    cmd = ["git"] + ([f"--git-dir={git_dir}"] if git_dir else []) + list(args)
+    return subprocess.run(cmd, capture_output=True, **kw)
+
+
+def _is_git_dir(path: pathlib.Path) -> bool:
+    if shutil.which("git") is None:
+        return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+    proc = _git("rev-parse", "--git-dir", cwd=path, text=True)
+    return proc.returncode == 0 and pathlib.Path(path, proc.stdout.strip()).resolve() in (
+        path.resolve(),
+        (path / ".git").resolve(),
+    )
+
+
+def _resolve_git_dir(path: pathlib.Path) -> pathlib.Path:
+    proc = _git("rev-parse", "--absolute-git-dir", cwd=path, text=True, check=True)
+    return pathlib.Path(proc.stdout.strip())
+
+
+def _cached(cache: pathlib.Path, pin: Pin, tree: str) -> pathlib.Path:
+    return cache / "sources" / f"{pin.distribution}-{tree}"
+
+
+def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str) -> Source:
+    if shutil.which("git") is None:
+        raise OverlayError(f"{pin.distribution}: {origin} is a git repository but git is not installed.")
+    git_dir = _resolve_git_dir(path)
+    proc = _git("rev-parse", "--verify", "--quiet", f"{pin.commit}^{{commit}}", git_dir=git_dir, text=True)
+    if proc.returncode != 0:
+        raise OverlayError(
+            f"{pin.distribution}: {origin} does not hold the pinned commit {pin.commit} "
+            f"({pin.pin_file}). Fetch it there (git fetch {pin.repository} {pin.commit}) or give another --source."
+        )
+    tree = _git("rev-parse", f"{pin.commit}^{{tree}}", git_dir=git_dir, text=True, check=True).stdout.strip()
+    if pin.tree and tree != pin.tree:
+        raise OverlayError(
+            f"{pin.distribution}: commit {pin.commit} in {origin} has tree {tree}, but {pin.pin_file} "
+            f"records tree {pin.tree}. The pin file is wrong or the repository is corrupt; fix the pin."
+        )
+    date = _git("log", "-1", "--format=%cI", pin.commit, git_dir=git_dir, text=True, check=True).stdout.strip()
+    if pin.date and date != pin.date:
+        raise OverlayError(f"{pin.distribution}: commit {pin.commit} is dated {date}, but {pin.pin_file} says {pin.date}; fix the pin.")
+    target = _cached(cache, pin, tree)
+    if not (target / ".complete").exists():
+        with step(pin.distribution, f"checking out {pin.commit[:12]} from {origin}"):
+            _materialize(git_dir, pin, target)
+    # .complete holds the commit, then one line per file the repository lacked.
+    absent = tuple(filter(None, (target / ".complete").read_text().splitlines()[1:]))
+    return Source(pin.distribution, target, tree, pin.commit, True, origin, None, absent, date)
+
+
+def _materialize(git_dir: pathlib.Path, pin: Pin, target: pathlib.Path) -> None:
+    """Write the tree of the pinned commit, file by file (a mirror may lack
+    large blobs: those are allowed only outside the import package)."""
+    listing = _git("ls-tree", "-r", "-z", pin.commit, git_dir=git_dir, check=True).stdout.split(b"\0")
+    entries = []
+    for item in filter(None, listing):
+        meta, name = item.split(b"\t", 1)
+        mode, kind, oid = meta.split()
+        if kind != b"blob":
+            raise OverlayError(f"{pin.distribution}: the pinned tree has a {kind.decode()} at {name.decode()}; submodules are not supported.")
+        entries.append((mode.decode(), oid.decode(), name.decode()))
+    batch = subprocess.run(
+        ["git", f"--git-dir={git_dir}", "cat-file", "--batch"],
+        input="".join(oid + "\n" for _, oid, _ in entries).encode(),
+        capture_output=True,
+        check=True,
+    ).stdout
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=target.name + ".", dir=_ensure(target.parent)))
+    try:
+        absent = []
+        pos = 0
+        for mode, oid, name in entries:
+            end = batch.index(b"\n", pos)
+            header = batch[pos:end].split()
+            pos = end + 1
+            if header[-1] == b"missing":
+                absent.append(name)
+                continue
+            size = int(header[2])
+            data = batch[pos : pos + size]
+            pos += size + 1
+            if gittree.blob_id(data) != oid:
+                raise OverlayError(f"{pin.distribution}: blob {oid} ({name}) in {git_dir} is corrupt.")
+            dest = tmp / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if mode == "120000":
+                os.symlink(data.decode(), dest)
+            else:
+                dest.write_bytes(data)
+                os.chmod(dest, 0o755 if mode == "100755" else 0o644)
+        inside = [a for a in absent if a.split("/", 1)[0] == pin.import_package]
+        if inside:
+            raise OverlayError(
+                f"{pin.distribution}: the repository lacks files of the package itself: {', '.join(inside)}. "
+                "Use a complete clone as --source."
+            )
+        (tmp / ".complete").write_text("\n".join([pin.commit] + absent))
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if absent:
+        step.note(pin.distribution, f"{len(absent)} file(s) outside the package are absent from the repository and left out: {', '.join(absent)}")
+
+
+def _ensure(path: pathlib.Path) -> pathlib.Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _from_tree(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpinned: bool, origin: str) -> Source:
+    with step(pin.distribution, f"hashing the tree {origin}"):
+        tree = gittree.tree_id(path)
+    from_pin = bool(pin.tree) and tree == pin.tree
+    version = _sdist_version(path)
+    if not from_pin and not allow_unpinned:
+        raise OverlayError(
+            f"{pin.distribution}: {origin} is not the pinned tree (its tree id is {tree}; "
+            f"{pin.pin_file} pins commit {pin.commit}, tree {pin.tree or 'unrecorded'}). "
+            "Give a repository holding the pinned commit, or pass --unpinned to build this tree as a "
+            "stand-in, labelled as not built from the pin."
+        )
+    target = _cached(cache, pin, tree)
+    if not (target / ".complete").exists():
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=target.name + ".", dir=_ensure(target.parent)))
+        try:
+            shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
+            (tmp / ".complete").write_text("")
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    if not from_pin:
+        step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version or '?'}): wheels will be labelled unpinned")
+    return Source(pin.distribution, target, tree, None, from_pin, origin, version)
+
+
+def _from_archive(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpinned: bool, origin: str) -> Source:
+    with tempfile.TemporaryDirectory(prefix="mrl-unpack-") as tmp:
+        root = pathlib.Path(tmp)
+        with step(pin.distribution, f"unpacking {path.name}"):
+            try:
+                if zipfile.is_zipfile(path):
+                    with zipfile.ZipFile(path) as zf:
+                        zf.extractall(root)
+                else:
+                    with tarfile.open(path) as tf:
+                        tf.extractall(root, filter="data")
+            except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
+                raise OverlayError(f"{pin.distribution}: {origin} is neither a directory, a git repository nor a readable archive: {exc}") from None
+        top = list(root.iterdir())
+        tree_root = top[0] if len(top) == 1 and top[0].is_dir() else root
+        return _from_tree(pin, tree_root, cache, allow_unpinned=allow_unpinned, origin=origin)
+
+
+def _sdist_version(path: pathlib.Path) -> str | None:
+    pkg_info = path / "PKG-INFO"
+    if not pkg_info.is_file():
+        return None
+    return email.parser.Parser().parsestr(pkg_info.read_text(errors="replace")).get("Version")
+
+
+def _from_network(pin: Pin, cache: pathlib.Path) -> Source:
+    """Fetch the pinned commit with git; the only network path (no archive
+    download is tried: an archive's tree id cannot be checked before
+    unpacking it whole, and git checks every object it receives)."""
+    flag = f"--source {pin.distribution}=PATH"
+    if shutil.which("git") is None:
+        raise OverlayError(f"{pin.distribution}: no source given and git is not installed to fetch {pin.repository} at {pin.commit}. Pass {flag}.")
+    mirror = _ensure(cache / "git") / f"{pin.distribution}.git"
+    if not mirror.exists():
+        _git("init", "-q", "--bare", str(mirror), check=True)
+    has = _git("cat-file", "-e", f"{pin.commit}^{{commit}}", git_dir=mirror).returncode == 0
+    if not has:
+        with step(pin.distribution, f"fetching {pin.commit[:12]} from {pin.repository}"):
+            env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
+            try:
+                proc = _git("fetch", "-q", "--depth=1", pin.repository, pin.commit, git_dir=mirror, env=env, text=True, timeout=600)
+                failed = proc.returncode != 0
+                reason = proc.stderr.strip().splitlines()[-1:] or ["git fetch failed"]
+            except subprocess.TimeoutExpired:
+                failed, reason = True, ["timed out after 600 s"]
+        if failed:
+            raise OverlayError(
+                f"{pin.distribution}: cannot reach {pin.repository} to fetch the pinned commit {pin.commit} "
+                f"({reason[0]}). Pass {flag} with a local clone or mirror holding that commit, "
+                "or a source tree of it."
+            )
+    return _from_git(pin, mirror, cache, origin=pin.repository)

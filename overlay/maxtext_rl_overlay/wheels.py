@@ -1,0 +1,116 @@
+"""Stage 3: build a patched tree into a wheel, reproducibly.
+
+The wheel's version is the upstream version plus our local label
+(`0.25.0.dev20260727+mrl.1`; `+mrl.1.unpinned.<tree>` for a stand-in tree).
+Reproducible bytes come from SOURCE_DATE_EPOCH (the pinned commit's date) and
+pinned build backends (resources/build-constraints.txt)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from importlib import resources
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
+from .errors import OverlayError
+from .progress import step
+
+BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
+
+
+def wheel_version(upstream_version: str, local_label: str) -> str:
+    return f"{upstream_version}+{local_label}"
+
+
+def set_static_version(tree: pathlib.Path, version: str) -> bool:
+    """Write `version` into a static [project] version of pyproject.toml.
+
+    Returns False when the project's version is dynamic (then the pin's build
+    env must carry it, as VLLM_VERSION_OVERRIDE does for tpu-inference)."""
+    pyproject = tree / "pyproject.toml"
+    if not pyproject.is_file():
+        return False
+    text = pyproject.read_text()
+    project = tomllib.loads(text).get("project", {})
+    if "version" not in project:
+        return False
+    new, count = re.subn(
+        r'(?m)^(version\s*=\s*)"[^"]*"', lambda m: f'{m.group(1)}"{version}"', text, count=1
+    )
+    if count != 1 or tomllib.loads(new)["project"]["version"] != version:
+        raise OverlayError(f"{pyproject}: cannot set the static version to {version}.")
+    pyproject.write_text(new)
+    return True
+
+
+def override_requirements(tree: pathlib.Path, overrides: dict[str, str], who: str) -> None:
+    """Replace upstream requirements, by name, where the pin says so.
+
+    Looks in pyproject.toml's [project] dependencies and requirements.txt. Each
+    override must match exactly one requirement, so a stale override fails."""
+    for name, replacement in overrides.items():
+        want = canonicalize_name(name)
+        hits = 0
+        for path in (tree / "pyproject.toml", tree / "requirements.txt"):
+            if not path.is_file():
+                continue
+            lines = path.read_text().splitlines(keepends=True)
+            for i, line in enumerate(lines):
+                req_text = line.split("#", 1)[0].strip().strip(",").strip()
+                quoted = req_text.startswith(('"', "'"))
+                try:
+                    req = Requirement(req_text.strip("\"'"))
+                except InvalidRequirement:
+                    continue
+                if canonicalize_name(req.name) != want or (path.suffix == ".toml" and not quoted):
+                    continue
+                new = f'"{replacement}"' if quoted else replacement
+                lines[i] = line.replace(req_text, new + ("," if req_text.endswith(",") else ""), 1)
+                hits += 1
+            path.write_text("".join(lines))
+        if hits != 1:
+            raise OverlayError(
+                f"{who}: the requirement override for {name!r} matched {hits} requirements (want 1); "
+                "update [build.requirements] in the pin file."
+            )
+
+
+def commit_epoch(commit_date_iso: str | None) -> str:
+    import datetime
+
+    if not commit_date_iso:
+        return "315532800"  # 1980-01-01, the earliest a zip file can say
+    return str(int(datetime.datetime.fromisoformat(commit_date_iso).timestamp()))
+
+
+def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dict[str, str], epoch: str, python: str) -> pathlib.Path:
+    """`uv build --wheel` of `tree` into `out_dir`; returns the wheel's path."""
+    uv = shutil.which("uv")
+    if uv is None:
+        raise OverlayError("uv is not installed; install it (pip install uv) to build wheels.")
+    with tempfile.TemporaryDirectory(prefix="mrl-wheel-") as tmp, resources.as_file(BUILD_CONSTRAINTS) as constraints:
+        full_env = dict(os.environ, **env, SOURCE_DATE_EPOCH=epoch, PYTHONHASHSEED="0", UV_PYTHON_DOWNLOADS="never")
+        with step(who, "building the wheel"):
+            proc = subprocess.run(
+                [uv, "build", "--wheel", "--no-progress", "--python", python, "--out-dir", tmp, "--build-constraint", str(constraints), str(tree)],
+                env=full_env,
+                capture_output=True,
+                text=True,
+            )
+        if proc.returncode != 0:
+            tail = "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise OverlayError(f"{who}: the wheel build failed:\n    {tail}")
+        built = list(pathlib.Path(tmp).glob("*.whl"))
+        if len(built) != 1:
+            raise OverlayError(f"{who}: the build made {len(built)} wheels, expected one.")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dest = out_dir / built[0].name
+        shutil.move(built[0], dest)
+        return dest

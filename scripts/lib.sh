@@ -1,0 +1,14 @@
+# Shared by the scripts: sourced, not run.
+
+# The path of a Python 3.12 interpreter: $MRL_PYTHON, python3.12 on PATH, or a
+# pyenv-installed 3.12 (uv cannot download one without GitHub).
+find_python312() {
+  local c
+  for c in "${MRL_PYTHON:-}" "$(command -v python3.12 || true)" \
+           $(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12*/bin/python3 2>/dev/null | sort -V -r); do
+    [ -n "$c" ] && [ -x "$c" ] || continue
+    "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null && { echo "$c"; return 0; }
+  done
+  echo "no Python 3.12 found: install one (e.g. pyenv install 3.12) or set MRL_PYTHON" >&2
+  return 1
+}
