@@ -79,6 +79,15 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _cmd_test_matrix(args: argparse.Namespace) -> int:
+    from . import testmatrix
+
+    root = args.project or _find_project(pathlib.Path.cwd())
+    results = testmatrix.run(root, args.wheels.resolve(), args.work.resolve(), platform=args.platform, quick=args.quick, keep=args.keep)
+    print(testmatrix.render(results))
+    return 0 if results and all(r.ok for r in results) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="maxtext-rl-overlay", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -102,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     lint = sub.add_parser("lint", help="check every patch of every series for its trailers and format")
     lint.add_argument("--project", type=pathlib.Path)
     lint.set_defaults(func=_cmd_lint)
+
+    t = sub.add_parser("test-matrix", help="install the wheels into a fresh venv per cell, verify, and run tests/fixes")
+    t.add_argument("--wheels", type=pathlib.Path, required=True, help="the index folder (with its constraints.txt)")
+    t.add_argument("--work", type=pathlib.Path, required=True, help="where the cells' venvs and JUnit XML go")
+    t.add_argument("--platform", choices=("cpu", "tpu"), default="cpu")
+    t.add_argument("--quick", action="store_true", help="the subset every CI run takes")
+    t.add_argument("--keep", action="store_true", help="keep the venvs")
+    t.add_argument("--project", type=pathlib.Path)
+    t.set_defaults(func=_cmd_test_matrix)
 
     args = parser.parse_args(argv)
     try:

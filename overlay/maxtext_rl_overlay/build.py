@@ -68,6 +68,9 @@ def build(opts: BuildOptions) -> BuildResult:
             if pinned
             else "NOT built from the pins: stand-in sources for " + ", ".join(n for n, e in entries.items() if not e["from_pin"]) + "."
         )
+        # The index carries its own copy (find-links ".") so that the folder
+        # alone is a complete release: uv pip install -c dist/constraints.txt ...
+        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, ".", note=note))
         text = publish.constraints_text(closure, sums, find_links, note=note)
         publish.replace_dir(staging, out)
         publish.write_atomically(constraints_path, text)
