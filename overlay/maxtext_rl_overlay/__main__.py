@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import signal
 import sys
 
 from .errors import OverlayError
@@ -88,6 +89,10 @@ def _cmd_test_matrix(args: argparse.Namespace) -> int:
     return 0 if results and all(r.ok for r in results) else 1
 
 
+def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="maxtext-rl-overlay", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(func=_cmd_test_matrix)
 
     args = parser.parse_args(argv)
+    # A terminated build must clean up like an interrupted one: every stage
+    # removes its staging folder on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.func(args)
     except OverlayError as exc:

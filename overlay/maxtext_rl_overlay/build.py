@@ -8,12 +8,15 @@ index and constraints.txt as they were."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 import re
 import shutil
 import sys
 import tempfile
 import tomllib
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from . import manifest, patchfile, publish, sources, wheels
 from .errors import OverlayError
@@ -82,15 +85,11 @@ def build(opts: BuildOptions) -> BuildResult:
 
 
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
-    import os
-
     rel = os.path.relpath(target, start)
     return rel if rel.startswith(".") else "./" + rel
 
 
 def _wheel_version(wheel: pathlib.Path) -> str:
-    from packaging.utils import parse_wheel_filename
-
     return str(parse_wheel_filename(wheel.name)[1])
 
 
@@ -106,15 +105,18 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, staging: pat
         tree = pathlib.Path(tmp) / "tree"
         applied = apply_series(pin, source, tree, engine=opts.engine)
         if not pin.series:
-            step.note(pin.distribution, "empty series: pinned, not patched")
+            step.note(pin.distribution, "empty series: nothing to apply")
         wheels.set_static_version(tree, version)
-        wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution)
+        wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution, pin.requirement_files)
         env = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
         date = pin.date or source.date
         wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=env, epoch=wheels.commit_epoch(date), python=opts.python)
-    got = _wheel_version(wheel)
-    if got != version:
-        raise OverlayError(f"{pin.distribution}: the wheel says version {got}, expected {version}; check the pin's build env.")
+    name, got = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
+    if got != version or name != canonicalize_name(pin.distribution):
+        raise OverlayError(
+            f"{pin.distribution}: the build made {name} {got}, expected {pin.distribution} {version}; "
+            f"check the build settings in {pin.pin_file}."
+        )
     patch_ids = {p.name: patchfile.patch_id(p) for p in pin.series} if shutil.which("git") else {}
     step.note(pin.distribution, f"built {wheel.name}")
     return manifest.entry(pin, source, version, wheel, applied, patch_ids)

@@ -136,11 +136,8 @@ def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engi
     elif engine == "git":
         already = subprocess.run(["git", "apply", "-R", "--check", str(patch.path)], cwd=work, capture_output=True).returncode == 0
     else:
-        scratch = _scratch_copy(work, patch)
-        try:
-            already = _patch_ng_set(patch).revert(root=str(scratch), strip=1) is True
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        found = _locate_hunks(_patch_ng_set(patch), work)
+        already = bool(found) and all(post and not pre for pre, post in found)
     if already:
         raise OverlayError(
             f"{pin.distribution}: {patch.name} is already applied to the source (it reverse-applies cleanly). "
@@ -189,6 +186,36 @@ def _patch_ng_set(patch: PatchFile):
     return parsed
 
 
+def _locate_hunks(parsed, root: pathlib.Path) -> list[tuple[bool, bool]]:
+    """Find where each hunk's pre-image lines stand exactly, nearest to the
+    line the patch names, as `git apply` does, and move the hunk there.
+    Returns, per hunk, whether its pre-image and its post-image were found.
+
+    patch-ng looks only at the named line (so it would refuse a hunk that git
+    applies at an offset), and it reports success, changing nothing, when a
+    file already looks patched. Deciding both questions here keeps the two
+    engines' answers the same. Context must match line for line: this finds
+    offsets, it never fuzzes."""
+    found = []
+    for item in parsed.items:
+        path = root / item.source.decode(errors="surrogateescape")
+        lines = [line.rstrip(b"\r\n") for line in path.read_bytes().splitlines()] if path.is_file() else []
+        offset, floor = 0, 0
+        for hunk in item.hunks:
+            pre = [t[1:].rstrip(b"\r\n") for t in hunk.text if t[:1] in (b" ", b"-")]
+            post = [t[1:].rstrip(b"\r\n") for t in hunk.text if t[:1] in (b" ", b"+")]
+            spots = [i for i in range(floor, len(lines) - len(pre) + 1) if lines[i : i + len(pre)] == pre]
+            has_post = any(lines[i : i + len(post)] == post for i in range(len(lines) - len(post) + 1))
+            found.append((bool(spots), has_post))
+            if spots:
+                want = hunk.startsrc - 1 + offset
+                best = min(spots, key=lambda i: (abs(i - want), i))
+                offset = best - (hunk.startsrc - 1)
+                hunk.startsrc = best + 1
+                floor = best + len(pre)
+    return found
+
+
 def _scratch_copy(work: pathlib.Path, patch: PatchFile) -> pathlib.Path:
     """A throwaway copy of just the files a patch touches, for trial runs."""
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="mrl-trial-"))
@@ -202,16 +229,22 @@ def _scratch_copy(work: pathlib.Path, patch: PatchFile) -> pathlib.Path:
 
 def _patch_ng(pin: Pin, patch: PatchFile, work: pathlib.Path) -> None:
     parsed = _patch_ng_set(patch)
+    if not all(pre for pre, _ in _locate_hunks(parsed, work)):
+        raise OverlayError(
+            f"{pin.distribution}: {patch.name} does not apply to the source exactly (patch-ng, no fuzz). "
+            "Carry the series forward with scripts/rebase.sh, or fix the patch."
+        )
+    # strip=0: patch-ng removes git's a/ and b/ prefixes by itself.
     # patch-ng applies file by file and can stop half-way: try on a scratch
     # copy first, so that `work` only ever sees a patch that applies whole.
     scratch = _scratch_copy(work, patch)
     try:
-        if parsed.apply(strip=1, root=str(scratch), fuzz=False) is not True:
+        if parsed.apply(strip=0, root=str(scratch), fuzz=False) is not True:
             raise OverlayError(
                 f"{pin.distribution}: {patch.name} does not apply to the source exactly (patch-ng, no fuzz). "
                 "Carry the series forward with scripts/rebase.sh, or fix the patch."
             )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if parsed.apply(strip=1, root=str(work), fuzz=False) is not True:
+    if parsed.apply(strip=0, root=str(work), fuzz=False) is not True:
         raise OverlayError(f"{pin.distribution}: {patch.name} applied on a trial copy but not on the tree.")

@@ -13,6 +13,9 @@ from .errors import OverlayError
 
 #: Build order, and the names --only and --source accept.
 DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
+#: Where [build.requirements] overrides look unless a pin's [build]
+#: requirement-files says otherwise (vLLM: requirements/tpu.txt).
+DEFAULT_REQUIREMENT_FILES = ("pyproject.toml", "requirements.txt")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -27,6 +30,7 @@ class Pin:
     version: str  # the upstream version string the wheel is built as
     build_env: dict[str, str]
     requirement_overrides: dict[str, str]  # requirement name -> replacement
+    requirement_files: tuple[str, ...]  # where the overrides look (tree-relative)
     directory: pathlib.Path  # patches/<dist>/
     series: tuple[pathlib.Path, ...]
 
@@ -102,6 +106,7 @@ def read_pin(directory: pathlib.Path) -> Pin:
             version=data["version"],
             build_env=dict(build.get("env", {})),
             requirement_overrides=dict(build.get("requirements", {})),
+            requirement_files=tuple(build.get("requirement-files", DEFAULT_REQUIREMENT_FILES)),
             directory=directory,
             series=read_series(directory),
         )

@@ -50,15 +50,16 @@ def set_static_version(tree: pathlib.Path, version: str) -> bool:
     return True
 
 
-def override_requirements(tree: pathlib.Path, overrides: dict[str, str], who: str) -> None:
+def override_requirements(tree: pathlib.Path, overrides: dict[str, str], who: str, files: tuple[str, ...]) -> None:
     """Replace upstream requirements, by name, where the pin says so.
 
-    Looks in pyproject.toml's [project] dependencies and requirements.txt. Each
-    override must match exactly one requirement, so a stale override fails."""
+    Looks in `files` (quoted requirements of a pyproject.toml, lines of a
+    requirements file). Each override must match exactly one requirement, so
+    a stale override fails."""
     for name, replacement in overrides.items():
         want = canonicalize_name(name)
         hits = 0
-        for path in (tree / "pyproject.toml", tree / "requirements.txt"):
+        for path in (tree / f for f in files):
             if not path.is_file():
                 continue
             lines = path.read_text().splitlines(keepends=True)

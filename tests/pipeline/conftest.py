@@ -1,0 +1,43 @@
+"""Fixtures of the build-pipeline tests: the real tool, on real upstream code.
+
+CI has no GitHub, so the upstream trees are the PyPI sdists that stand in for
+the pins (tests/standins.toml); a test that wants a *pinned* git source makes
+a git repository of a stand-in tree and pins a copy of the project to it."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+_HERE = pathlib.Path(__file__).resolve().parent
+# --import-mode=importlib puts no test folder on sys.path; the helpers live here.
+sys.path[:0] = [str(_HERE), str(_HERE.parent)]
+import standins  # noqa: E402
+from pipeline_support import ROOT  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def standin() -> dict[str, pathlib.Path]:
+    return {name: standins.fetch(name) for name in ("google-tunix", "tpu-inference")}
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> pathlib.Path:
+    return tmp_path_factory.mktemp("mrl-cache")
+
+
+@pytest.fixture
+def project(tmp_path) -> pathlib.Path:
+    """A copy of this project that a test may change (pins, patches)."""
+    dest = tmp_path / "project"
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("overlay", "patches"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
+    return dest
+
+

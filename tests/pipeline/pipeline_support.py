@@ -1,0 +1,61 @@
+"""Helpers of the build-pipeline tests: run the real tool on a project copy,
+and make upstream-like trees and git repositories of the stand-in sdists."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+    "GIT_AUTHOR_DATE": "2026-07-27T09:44:06-07:00", "GIT_COMMITTER_DATE": "2026-07-27T09:44:06-07:00",
+}
+
+
+def run_tool(project: pathlib.Path, *args: str, cache: pathlib.Path, check: bool | None = None, **kw) -> subprocess.CompletedProcess:
+    """`python -m maxtext_rl_overlay ARGS` on `project`, as a user runs it."""
+    env = dict(os.environ, MRL_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never")
+    proc = subprocess.run(
+        [sys.executable, "-m", "maxtext_rl_overlay", *args, "--project", str(project)],
+        capture_output=True, text=True, env=env, **kw,
+    )
+    if check is True:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def build_standins(project, out, standin, cache, *extra, only="google-tunix,tpu-inference", check=True):
+    args = ["build", "--unpinned", "--only", only, "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
+    for name in only.split(","):
+        args += ["--source", f"{name}={standin[name]}"]
+    return run_tool(project, *args, *extra, cache=cache, check=check)
+
+
+def unpack(sdist: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    with tarfile.open(sdist) as tf:
+        tf.extractall(dest, filter="data")
+    (top,) = dest.iterdir()
+    return top
+
+
+def git_repo_of(tree: pathlib.Path) -> tuple[str, str, str]:
+    """Commit `tree` as a git repository; returns (commit, tree id, date)."""
+    env = dict(os.environ, **GIT_ENV)
+    for args in (["init", "-q"], ["add", "-A", "-f"], ["commit", "-q", "-m", "stand-in upstream"]):
+        subprocess.run(["git", *args], cwd=tree, env=env, check=True, capture_output=True)
+    out = lambda *a: subprocess.run(["git", *a], cwd=tree, capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
+    return out("rev-parse", "HEAD"), out("rev-parse", "HEAD^{tree}"), out("log", "-1", "--format=%cI")
+
+
+def set_pin(project: pathlib.Path, dist: str, **values: str) -> None:
+    pin = project / "patches" / dist / "pin.toml"
+    text = pin.read_text()
+    for key, value in values.items():
+        text, n = re.subn(rf'(?m)^{key} = "[^"]*"', f'{key} = "{value}"', text, count=1)
+        assert n == 1, key
+    pin.write_text(text)

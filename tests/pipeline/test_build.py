@@ -1,0 +1,240 @@
+"""The build pipeline end to end, on real upstream code, offline from GitHub:
+build -> index -> install with the constraints -> verify, and every failure
+the issue names giving a clear error and leaving nothing half-done."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from pipeline_support import ROOT, build_standins, git_repo_of, run_tool, set_pin, unpack
+
+pytestmark = pytest.mark.slow
+
+SAMPLING = "tpu_inference/layers/jax/sample/sampling.py"
+
+
+def _sums(out: pathlib.Path) -> str:
+    return (out / "SHA256SUMS").read_text()
+
+
+def _snapshot(folder: pathlib.Path) -> dict[str, bytes]:
+    """Every file below `folder` (and beside it: constraints.txt), by content."""
+    files = {str(p.relative_to(folder.parent)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    constraints = folder.parent / "constraints.txt"
+    files["constraints.txt"] = constraints.read_bytes()
+    return files
+
+
+def _no_leftovers(out: pathlib.Path) -> None:
+    left = [p.name for p in out.parent.iterdir() if ".partial-" in p.name or ".old-" in p.name]
+    assert not left, f"staging folders left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, standin, cache_dir):
+    """One stand-in build of the real project, shared by the read-only tests."""
+    out = tmp_path_factory.mktemp("built") / "dist"
+    proc = build_standins(ROOT, out, standin, cache_dir)
+    return out, proc
+
+
+def test_build_writes_index_constraints_and_labels_unpinned(built):
+    out, proc = built
+    wheels = sorted(p.name for p in out.glob("*.whl"))
+    assert [w.split("-")[0] for w in wheels] == ["google_tunix", "maxtext_rl_overlay", "tpu_inference"]
+    for wheel in wheels:
+        if not wheel.startswith("maxtext"):
+            assert "+mrl.1.unpinned." in wheel, wheel  # a stand-in says so in its version
+    index = (out / "index.html").read_text()
+    constraints = (out.parent / "constraints.txt").read_text()
+    for line in _sums(out).splitlines():
+        sha, name = line.split()
+        assert f'href="{name}#sha256={sha}"' in index
+        assert f"--hash=sha256:{sha}" in constraints
+    assert "NOT built from the pins" in constraints
+    assert "--find-links ./dist\n" in constraints
+    assert "--find-links .\n" in (out / "constraints.txt").read_text()
+    # The closure the stack needs on a TPU VM is pinned exactly.
+    for pin in ("jax==0.11.0", "jaxlib==0.11.0", "libtpu==0.0.44", "flax==0.12.8", "torch==2.10.0"):
+        assert f"\n{pin} " in constraints, pin
+    assert "[google-tunix] applying 0001-" in proc.stderr and "building the wheel" in proc.stderr
+
+
+def test_install_with_constraints_then_verify(built, tmp_path):
+    """The user's command into a fresh venv; then verify says yes, and says no
+    for a tampered file and for the unpatched upstream release."""
+    out, _ = built
+    venv = tmp_path / "venv"
+    py = venv / "bin" / "python"
+    env = dict(os.environ, UV_PYTHON_DOWNLOADS="never")
+    subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True, env=env)
+    try:
+        subprocess.run(["uv", "pip", "install", "-q", "-p", str(py), "-c", str(out.parent / "constraints.txt"), "maxtext-rl-overlay"],
+                       check=True, cwd=tmp_path, env=env)
+        verify = lambda: subprocess.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify"], capture_output=True, text=True)  # noqa: E731
+        ok = verify()
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "verify: yes" in ok.stdout and "UNPINNED" in ok.stdout
+
+        installed = next(venv.glob(f"lib/python3.*/site-packages/{SAMPLING}"))
+        original = installed.read_bytes()
+        installed.write_bytes(original.replace(b"import jax", b"import jax  # tampered", 1))
+        tampered = verify()
+        assert tampered.returncode == 1
+        assert "verify: NO" in tampered.stderr
+        assert any(SAMPLING in line and "DIFFERS" in line for line in tampered.stdout.splitlines())
+        installed.write_bytes(original)
+        assert verify().returncode == 0
+
+        # The unpatched upstream release, under the same name.
+        subprocess.run(["uv", "pip", "install", "-q", "-p", str(py), "--no-deps", "--reinstall-package", "tpu-inference", "tpu-inference==0.25.0.dev20260728"], check=True, env=env)
+        upstream = verify()
+        assert upstream.returncode == 1
+        rows = [line for line in upstream.stdout.splitlines() if line.startswith("tpu-inference") and "DIFFERS" in line]
+        assert any(" version " in r and "0.25.0.dev20260728 " in r + " " for r in rows), upstream.stdout
+        assert any(SAMPLING in r for r in rows), upstream.stdout
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+def test_reproducible_and_engines_agree(built, tmp_path, standin, project):
+    """Same pins -> byte-identical wheels: a second build with a cold cache, and
+    a build with the patch-ng engine (no git), give the same sha256."""
+    out, _ = built
+    again = build_standins(project, tmp_path / "a" / "dist", standin, tmp_path / "cold-cache")
+    assert again.returncode == 0, again.stderr
+    assert _sums(tmp_path / "a" / "dist") == _sums(out)
+    ng = build_standins(project, tmp_path / "b" / "dist", standin, tmp_path / "cold-cache", "--engine", "patch-ng")
+    assert ng.returncode == 0, ng.stderr
+    assert "(patch-ng)" in ng.stderr
+    assert _sums(tmp_path / "b" / "dist") == _sums(out)
+
+
+@pytest.fixture
+def previous(tmp_path, standin, cache_dir, project):
+    """A good build in place, to check that a failed build leaves it as it was."""
+    out = tmp_path / "rel" / "dist"
+    build_standins(project, out, standin, cache_dir)
+    return out, _snapshot(out)
+
+
+def _fails_cleanly(proc, out, before, *needles):
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr
+    assert "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in:\n{err}"
+    assert _snapshot(out) == before, "a failed build changed the published index or constraints"
+    _no_leftovers(out)
+
+
+@pytest.mark.parametrize("engine", ["git", "patch-ng"])
+def test_corrupt_patch(previous, project, standin, cache_dir, engine):
+    out, before = previous
+    patch = next((project / "patches" / "tpu-inference").glob("0001-*.patch"))
+    text = patch.read_text()
+    # Damage one context line of the hunk: the patch no longer fits any tree.
+    i = text.index("\n     \"\"\"\n")
+    patch.write_text(text[:i] + "\n     '''\n" + text[i + 9 :])
+    proc = build_standins(project, out, standin, cache_dir, "--engine", engine, check=False)
+    _fails_cleanly(proc, out, before, "tpu-inference", patch.name, "does not apply")
+
+
+def test_patch_no_longer_applies(previous, project, standin, cache_dir, tmp_path):
+    """Upstream changed the lines the patch touches."""
+    out, before = previous
+    tree = unpack(standin["tpu-inference"], tmp_path / "src")
+    f = tree / SAMPLING
+    f.write_text(f.read_text().replace("# Find the topK values.", "# Find the top-k values (upstream moved on)."))
+    proc = run_tool(project, "build", "--unpinned", "--only", "tpu-inference", "--source", f"tpu-inference={tree}",
+                    "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
+    _fails_cleanly(proc, out, before, "tpu-inference", "0001-", "does not apply", "rebase")
+
+
+@pytest.mark.parametrize("engine", ["git", "patch-ng"])
+def test_already_applied_patch(previous, project, standin, cache_dir, tmp_path, engine):
+    out, before = previous
+    tree = unpack(standin["tpu-inference"], tmp_path / "src")
+    patch = next((project / "patches" / "tpu-inference").glob("0001-*.patch"))
+    subprocess.run(["git", "apply", str(patch)], cwd=tree, check=True)
+    proc = run_tool(project, "build", "--unpinned", "--only", "tpu-inference", "--source", f"tpu-inference={tree}", "--engine", engine,
+                    "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
+    _fails_cleanly(proc, out, before, "tpu-inference", patch.name, "already applied")
+
+
+def test_pinned_git_source_and_wrong_tree_id(previous, project, standin, cache_dir, tmp_path):
+    """A git source holding the pinned commit builds as pinned, with the pre-
+    and post-image blob ids checked; a pin whose tree id is wrong is refused."""
+    out, before = previous
+    repo = unpack(standin["tpu-inference"], tmp_path / "src")
+    commit, tree, date = git_repo_of(repo)
+    set_pin(project, "tpu-inference", commit=commit, tree="0" * 40, date=date)
+    args = ["build", "--only", "tpu-inference", "--source", f"tpu-inference={repo}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
+    proc = run_tool(project, *args, cache=cache_dir)
+    _fails_cleanly(proc, out, before, "tpu-inference", commit, f"has tree {tree}", "0" * 40)
+
+    set_pin(project, "tpu-inference", tree=tree)
+    good = run_tool(project, *args, cache=cache_dir)
+    assert good.returncode == 0, good.stderr
+    assert "unpinned" not in "".join(p.name for p in out.glob("tpu_inference-*.whl"))
+    assert "Built from the pins" in (out.parent / "constraints.txt").read_text()
+
+
+def test_missing_source(previous, project, cache_dir, tmp_path):
+    """No --source and the upstream unreachable: the error names the upstream,
+    the pin and the flag to use."""
+    out, before = previous
+    set_pin(project, "tpu-inference", repository=(tmp_path / "nowhere").as_uri())
+    proc = run_tool(project, "build", "--only", "tpu-inference", "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
+    _fails_cleanly(proc, out, before, "tpu-inference: cannot reach", "7ecc401e6faefe3f793f3e4a8e6e2dbc49eca868", "--source tpu-inference=PATH")
+
+
+def test_unpinned_tree_refused_without_flag(previous, project, standin, cache_dir):
+    out, before = previous
+    proc = run_tool(project, "build", "--only", "tpu-inference", "--source", f"tpu-inference={standin['tpu-inference']}",
+                    "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
+    _fails_cleanly(proc, out, before, "is not the pinned tree", "--unpinned")
+
+
+def test_patch_outside_series_and_missing_trailer(previous, project, standin, cache_dir):
+    out, before = previous
+    directory = project / "patches" / "tpu-inference"
+    patch = next(directory.glob("0001-*.patch"))
+    stray = directory / "0099-stray.patch"
+    shutil.copy2(patch, stray)
+    proc = build_standins(project, out, standin, cache_dir, check=False)
+    _fails_cleanly(proc, out, before, "outside its series", "0099-stray.patch")
+    stray.unlink()
+    patch.write_text(patch.read_text().replace("Upstream-Status: Pending", "Upstream: maybe"))
+    proc = build_standins(project, out, standin, cache_dir, check=False)
+    _fails_cleanly(proc, out, before, "Upstream-Status", patch.name)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_build_publishes_nothing(previous, project, standin, cache_dir, sig):
+    out, before = previous
+    env = dict(os.environ, MRL_CACHE_DIR=str(cache_dir), UV_PYTHON_DOWNLOADS="never")
+    args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--unpinned", "--only", "google-tunix,tpu-inference",
+            "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), "--project", str(project)]
+    for name in ("google-tunix", "tpu-inference"):
+        args += ["--source", f"{name}={standin[name]}"]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+    seen = []
+    for line in proc.stderr:  # interrupt in the middle: during the second wheel's build
+        seen.append(line)
+        if line.startswith("[tpu-inference] building the wheel ..."):
+            time.sleep(0.3)
+            proc.send_signal(sig)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 130, "".join(seen) + rest
+    assert "interrupted; nothing was published" in rest
+    assert _snapshot(out) == before
+    _no_leftovers(out)
