@@ -28,8 +28,9 @@ PLATFORMS = ("cpu", "tpu")
 class Cell:
     name: str
     python: str  # "3.12"
-    extra: tuple[str, ...]  # requirements installed beside maxtext-rl-overlay
     env: dict[str, str]
+    vllm_standin: str | None  # installed --no-deps when the index has no vllm wheel
+    vllm_deps: tuple[str, ...]  # what importing that stand-in needs
 
 
 @dataclasses.dataclass
@@ -53,7 +54,10 @@ def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
     cells = table["cells"]
     if quick:
         cells = [c for c in cells if c["name"] in table["quick"].get("cells", [c["name"] for c in cells])]
-    return [Cell(c["name"], c["python"], tuple(c.get("extra", ())), dict(c.get("env", {}))) for c in cells]
+    return [
+        Cell(c["name"], c["python"], dict(c.get("env", {})), c.get("vllm-standin"), tuple(c.get("vllm-deps", ())))
+        for c in cells
+    ]
 
 
 def _python(version: str) -> str:
@@ -92,11 +96,19 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
     python = _python(cell.python)
     try:
         with step(cell.name, f"fresh venv (Python {cell.python}) from {constraints}"):
-            for cmd in (
+            vpy = str(venv / "bin" / "python")
+            cmds = [
                 ["uv", "venv", "--quiet", "-p", python, str(venv)],
-                ["uv", "pip", "install", "--quiet", "-p", str(venv / "bin" / "python"), "-c", str(constraints),
-                 "maxtext-rl-overlay", "pytest", *cell.extra],
-            ):
+                ["uv", "pip", "install", "--quiet", "-p", vpy, "-c", str(constraints), "maxtext-rl-overlay", "pytest"],
+            ]
+            if not any(constraints.parent.glob("vllm-*.whl")) and cell.vllm_standin:
+                step.note(cell.name, f"NOTE: the index has no vllm wheel (the vLLM pin needs GitHub to build); "
+                                     f"installing the stand-in {cell.vllm_standin} --no-deps so that tpu_inference imports")
+                cmds += [
+                    ["uv", "pip", "install", "--quiet", "-p", vpy, "-c", str(constraints), *cell.vllm_deps],
+                    ["uv", "pip", "install", "--quiet", "-p", vpy, "--no-deps", cell.vllm_standin],
+                ]
+            for cmd in cmds:
                 if subprocess.run(cmd, env=env).returncode != 0:
                     raise OverlayError(f"{cell.name}: {' '.join(cmd[:3])} failed (see above); the cell cannot run.")
         with step(cell.name, "maxtext-rl-overlay verify"):

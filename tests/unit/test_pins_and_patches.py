@@ -1,0 +1,94 @@
+"""Fast checks of the project's own data: the pins, the series, and that no
+fact is kept in two places that could drift apart."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import tomllib
+
+import pytest
+
+from maxtext_rl_overlay import gittree, patchfile
+from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROJECT = load_project(ROOT)
+
+
+def test_every_distribution_has_a_pin_and_a_series():
+    assert set(PROJECT.pins) == set(DISTRIBUTIONS)
+    assert PROJECT.pins["tpu-inference"].series, "the tpu-inference fix is missing from its series"
+    assert PROJECT.pins["google-tunix"].series, "the tunix fix is missing from its series"
+    assert PROJECT.pins["vllm"].series == (), "vLLM is pinned, not patched"
+
+
+@pytest.mark.parametrize("path", [p for pin in PROJECT.pins.values() for p in pin.series], ids=lambda p: p.name)
+def test_patches_are_full_index_format_patches_with_upstream_status(path):
+    patch = patchfile.parse(path)
+    assert patchfile.lint(patch) == []
+    assert patch.files and all(len(f.pre) == 40 and len(f.post) == 40 for f in patch.files)
+    text = path.read_text()
+    assert text.startswith("From 0000000000000000000000000000000000000000 "), "export with --zero-commit"
+    assert not text.rstrip().endswith("-- \n2."), "export with --no-signature"
+    assert re.match(r"^\d{4}-", path.name), "numbered NNNN-*.patch"
+
+
+def test_the_fixes_touch_what_the_reports_name():
+    touched = {f.path for pin in PROJECT.pins.values() for p in pin.series for f in patchfile.parse(p).files}
+    assert "tpu_inference/layers/jax/sample/sampling.py" in touched
+    assert "tunix/generate/utils.py" in touched
+
+
+def test_series_refuses_strays_and_missing_files(tmp_path):
+    (tmp_path / "series").write_text("0001-a.patch\n")
+    with pytest.raises(OverlayError, match="not in"):
+        read_series(tmp_path)
+    (tmp_path / "0001-a.patch").write_text("x")
+    (tmp_path / "0002-b.patch").write_text("x")
+    with pytest.raises(OverlayError, match="outside its series: 0002-b.patch"):
+        read_series(tmp_path)
+    (tmp_path / "series").write_text("0001-a.patch -p0\n")
+    with pytest.raises(OverlayError, match="-p1"):
+        read_series(tmp_path)
+
+
+def test_tree_id_matches_git(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.py").write_text("print(1)\n")
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(tmp_path / "run.sh", 0o755)
+    (tmp_path / "link").symlink_to("a/x.py")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "a-b").write_text("sorts before a/ in git's order\n")
+    env = dict(os.environ, GIT_DIR=str(tmp_path / ".git"), GIT_WORK_TREE=str(tmp_path))
+    subprocess.run(["git", "init", "-q"], env=env, check=True, cwd=tmp_path)
+    subprocess.run(["git", "add", "-A"], env=env, check=True, cwd=tmp_path)
+    want = subprocess.run(["git", "write-tree"], env=env, check=True, cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert gittree.tree_id(tmp_path) == want
+
+
+def test_constraints_pin_exactly_what_the_pins_and_revision_build():
+    """constraints.txt is generated: its overlay lines must say what the pins
+    and the overlay revision say now (regenerate it when they change)."""
+    text = (ROOT / "constraints.txt").read_text()
+    assert text.startswith("# maxtext-rl-overlay constraints: generated")
+    assert "\n--find-links ./dist\n" in text
+    for name in ("google-tunix", "tpu-inference"):
+        pin = PROJECT.pins[name]
+        want = f"{name}=={pin.version}+{PROJECT.local_label} \\\n    --hash=sha256:"
+        assert want in text, f"constraints.txt does not pin {name} as the pin builds it: run scripts/build-wheels.sh"
+    overlay_version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"\nmaxtext-rl-overlay=={overlay_version} \\\n" in text
+    assert "Built from the pins" in text, "the committed constraints must come from a build of the real pins"
+
+
+def test_readme_commands_are_the_ones_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "uv pip install -c constraints.txt maxtext-rl-overlay" in readme
+    test_command = re.search(r"<!-- test-command -->\n```sh\n(.+)\n```", readme).group(1)
+    assert test_command in ci
