@@ -3,6 +3,7 @@
 # Without --wheels it first builds them: from the pins where the upstream
 # repositories are reachable (MRL_SOURCES="NAME=PATH ..." or the network), and
 # otherwise, with --standins, from the PyPI releases in tests/standins.toml.
+# MRL_WORK sets the work folder (default build/test-matrix); MRL_KEEP=1 keeps the venvs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 platform=cpu wheels="" quick="" standins=""
@@ -27,4 +28,4 @@ if [ -z "$wheels" ]; then
   fi
   "$root/scripts/build-wheels.sh" "${args[@]}" --out "$wheels" --constraints "$work/constraints.txt"
 fi
-exec "$root/scripts/overlay-tool.sh" test-matrix --platform "$platform" --wheels "$wheels" --work "$work/cells" $quick
+exec "$root/scripts/overlay-tool.sh" test-matrix --platform "$platform" --wheels "$wheels" --work "$work/cells" $quick ${MRL_KEEP:+--keep}
