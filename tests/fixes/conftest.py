@@ -1,20 +1,53 @@
 """Shared set-up of the patched-behaviour suite.
 
 These tests import the INSTALLED overlay wheels (tpu_inference, tunix), never
-a source tree. The 8-chip TPU v6e mesh is simulated on CPU unless the suite
-runs on the real chips (MRL_PLATFORM=tpu), and the flag must be set before jax
-is first imported, which is why it lives here.
+a source tree. MRL_PLATFORM says where they run: "cpu" (the default) simulates
+the 8 chips of a TPU v6e-8 on the host, which must be set before jax is first
+imported, hence here; "tpu" uses the real chips, and the session stops at once
+unless it sees a v6e-8.
 """
 
 import os
+import pathlib
+import sys
 
-if os.environ.get("MRL_PLATFORM", "cpu") == "cpu":
+import pytest
+
+# --import-mode=importlib puts no test folder on sys.path: the suite's helper
+# modules (matrix, unpatched, ...) live beside this file.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from matrix import DEVICES, PLATFORM  # noqa: E402
+
+if PLATFORM == "cpu":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
-# tpu_inference asks the GCE metadata server for these at import time and logs
-# errors when it cannot; on a TPU VM the real values are already set.
-os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
-os.environ.setdefault("TPU_NAME", "local")
-os.environ.setdefault("TPU_WORKER_ID", "0")
+        os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    # tpu_inference asks the GCE metadata server for these at import time and
+    # logs errors when it cannot; on a TPU VM the real values are set.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
+    os.environ.setdefault("TPU_NAME", "local")
+    os.environ.setdefault("TPU_WORKER_ID", "0")
+elif PLATFORM != "tpu":
+    raise pytest.UsageError(f"MRL_PLATFORM must be cpu or tpu, not {PLATFORM!r}")
+
+
+def pytest_sessionstart(session):
+    """Refuse to run the suite on the wrong devices: a result on anything but
+    8 simulated CPU devices, or a real v6e-8, would not be the matrix's."""
+    import jax
+
+    devices = jax.devices()
+    kinds = sorted({d.device_kind for d in devices})
+    if PLATFORM == "tpu":
+        ok = len(devices) == DEVICES and all(d.platform == "tpu" for d in devices) and all("v6" in k.lower() for k in kinds)
+        want = "8 TPU v6e devices (a v6e-8)"
+    else:
+        ok = len(devices) == DEVICES and all(d.platform == "cpu" for d in devices)
+        want = "8 simulated CPU devices"
+    if not ok:
+        pytest.exit(
+            f"--platform {PLATFORM}: this suite needs {want}, but jax sees {len(devices)} "
+            f"{devices[0].platform if devices else 'no'} device(s) of kind {', '.join(kinds) or 'none'}.",
+            returncode=3,
+        )

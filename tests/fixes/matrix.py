@@ -21,6 +21,11 @@ def load() -> dict:
     return table
 
 
+#: Where the suite runs (scripts/test-matrix.sh --platform): "cpu" simulates
+#: the 8 chips of a TPU v6e-8, "tpu" is a real one.
+PLATFORM = os.environ.get("MRL_PLATFORM", "cpu")
+DEVICES = 8
+
 MATRIX = load()
 MESHES: list[tuple[int, int]] = [tuple(m) for m in MATRIX["meshes"]]
 AXIS_TYPES: list[str] = MATRIX["axis-types"]
