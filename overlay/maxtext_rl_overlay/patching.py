@@ -134,7 +134,10 @@ def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engi
     if changes and all(c.pre != c.post and _blob_of(work, c.path) == c.post for c in changes):
         already = True
     elif engine == "git":
-        already = subprocess.run(["git", "apply", "-R", "--check", str(patch.path)], cwd=work, capture_output=True).returncode == 0
+        # `git apply -R --check` ignores modes, so it says nothing of a patch
+        # without hunks; git am itself refuses such a patch when it changes nothing.
+        has_hunks = any(c.has_hunks or c.binary for c in patch.files)
+        already = has_hunks and subprocess.run(["git", "apply", "-R", "--check", str(patch.path)], cwd=work, capture_output=True).returncode == 0
     else:
         found = _locate_hunks(_patch_ng_set(patch), work)
         already = bool(found) and all(post and not pre for pre, post in found)
