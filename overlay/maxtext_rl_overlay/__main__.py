@@ -3,6 +3,7 @@
     maxtext-rl-overlay build [--source NAME=PATH]... [--only NAMES] [--out DIR] ...
     maxtext-rl-overlay verify [--require-pinned]
     maxtext-rl-overlay lint
+    maxtext-rl-overlay rebase NAME NEW_REF [--source PATH] [--build] | --continue | --abort
 """
 
 from __future__ import annotations
@@ -89,6 +90,35 @@ def _cmd_test_matrix(args: argparse.Namespace) -> int:
     return 0 if results and all(r.ok for r in results) else 1
 
 
+def _cmd_rebase(args: argparse.Namespace) -> int:
+    from . import rebase
+
+    root = args.project or _find_project(pathlib.Path.cwd())
+    if args.cont or args.abort:
+        if args.name or args.new_ref:
+            raise OverlayError("--continue and --abort take no NAME or NEW_REF: they act on the rebase in progress.")
+        if args.abort:
+            print(rebase.abort(root))
+            return 0
+        report = rebase.resume(root)
+    else:
+        if not (args.name and args.new_ref):
+            raise OverlayError("usage: rebase NAME NEW_REF [--source PATH] [--build] [--apply-vllm-lkg] [--find-base]; or --continue / --abort.")
+        own = [s for s in args.source if "=" not in s]
+        others = dict(_source_arg(s) for s in args.source if "=" in s)
+        if len(own) > 1:
+            raise OverlayError("--source PATH (the upstream being rebased) given twice.")
+        opts = rebase.RebaseOptions(root, args.name, args.new_ref, source=own[0] if own else others.pop(args.name, None),
+                                    build=args.build, build_sources=others, apply_vllm_lkg=args.apply_vllm_lkg,
+                                    run_tests=not args.no_tests)
+        if args.find_base:
+            print(rebase.render_base(args.name, rebase.find_base(opts)))
+            return 0
+        report = rebase.start(opts)
+    print(rebase.render(report))
+    return 1 if report.stopped or not report.tests_ok else 0
+
+
 def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
     raise KeyboardInterrupt
 
@@ -125,6 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--keep", action="store_true", help="keep the venvs")
     t.add_argument("--project", type=pathlib.Path)
     t.set_defaults(func=_cmd_test_matrix)
+
+    r = sub.add_parser("rebase", help="carry a patch series onto a new upstream commit (stops at a conflict)")
+    r.add_argument("name", nargs="?", metavar="NAME", help="google-tunix, tpu-inference or vllm")
+    r.add_argument("new_ref", nargs="?", metavar="NEW_REF", help="a commit, tag or branch of the upstream")
+    r.add_argument("--source", action="append", default=[], metavar="PATH|NAME=PATH",
+                   help="a local git repository or mirror of the upstream; NAME=PATH: another upstream's source for --build")
+    r.add_argument("--build", action="store_true", help="rebuild the wheels and constraints.txt from the new pins")
+    r.add_argument("--apply-vllm-lkg", action="store_true", help="tpu-inference: move the vLLM pin to the one its CI verified")
+    r.add_argument("--find-base", action="store_true", help="report the newest commit before NEW_REF the series applies to")
+    r.add_argument("--no-tests", action="store_true", help="skip the fast tests (tests/unit) at the end")
+    r.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict in the work clone")
+    r.add_argument("--abort", action="store_true", help="undo the rebase in progress: every file restored from its backup")
+    r.add_argument("--project", type=pathlib.Path)
+    r.set_defaults(func=_cmd_rebase)
 
     args = parser.parse_args(argv)
     # A terminated build must clean up like an interrupted one: every stage
