@@ -1,0 +1,150 @@
+"""Helpers of the rebase tests: upstream git repositories made of PyPI sdists
+(tests/rebase/drift.toml), a git-tracked copy of the project pinned to them,
+and the real tool run on that copy."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DRIFT = pathlib.Path(__file__).with_name("drift.toml")
+IDENT = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "u@u",
+         "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+#: What a project copy holds: enough to run the tool and its fast tests.
+PROJECT_FILES = ("pyproject.toml", "README.md", "constraints.txt", ".gitignore", ".ci", "overlay", "patches", "tests/unit", "tests/conftest.py")
+
+
+def cache_dir() -> pathlib.Path:
+    base = os.environ.get("MRL_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay")
+    return pathlib.Path(base) / "standins"
+
+
+def fetch(spec: dict) -> pathlib.Path:
+    """The sdist of a drift.toml entry, downloaded once into the cache."""
+    dest = cache_dir() / spec["sdist"]
+    if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == spec["sha256"]:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "--disable-pip-version-check", "-d", tmp, spec["requirement"]],
+                       env=dict(os.environ, **spec.get("env", {})), check=True)
+        got = pathlib.Path(tmp) / spec["sdist"]
+        digest = hashlib.sha256(got.read_bytes()).hexdigest()
+        assert digest == spec["sha256"], f"{spec['sdist']}: sha256 {digest}, not the one in {DRIFT}"
+        os.replace(got, dest)
+    return dest
+
+
+def git(repo: pathlib.Path, *args: str, date: str | None = None, **kw) -> str:
+    env = dict(os.environ, **IDENT)
+    if date:
+        env.update(GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True, **kw).stdout.strip()
+
+
+def commit_all(repo: pathlib.Path, message: str, date: str) -> str:
+    git(repo, "add", "-A", "-f")
+    git(repo, "commit", "-q", "--allow-empty", "-m", message, date=date)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def replace_tree(repo: pathlib.Path, sdist: pathlib.Path) -> None:
+    """Make the work tree of `repo` the content of `sdist` (its top folder)."""
+    for entry in repo.iterdir():
+        if entry.name != ".git":
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(sdist) as tf:
+        tf.extractall(tmp, filter="data")
+        (top,) = pathlib.Path(tmp).iterdir()
+        for entry in top.iterdir():
+            shutil.move(str(entry), repo / entry.name)
+
+
+def make_upstream(dist: str, dest: pathlib.Path) -> dict[str, str]:
+    """A git repository: the old release as the pin commit, the new one on
+    top (tagged as upstream tags releases). Returns old and new commit ids."""
+    spec = tomllib.loads(DRIFT.read_text())[dist]
+    dest.mkdir(parents=True)
+    git(dest, "init", "-q", "-b", "main")
+    commits = {}
+    for which in ("old", "new"):
+        replace_tree(dest, fetch(spec[which]))
+        if which == "new" and dist == "tpu-inference":
+            # tpu-inference's CI records the vLLM it verified (the sdist lacks .buildkite/).
+            (dest / ".buildkite").mkdir()
+            (dest / ".buildkite" / "vllm_lkg.version").write_text("d626108b1841888ec90aced33367149a6bbc7e4b\n")
+        commits[which] = commit_all(dest, f"{spec[which]['requirement']}", spec[which]["date"])
+        if "tag" in spec[which]:
+            git(dest, "tag", spec[which]["tag"])
+    return commits
+
+
+def make_project(dest: pathlib.Path, pins: dict[str, dict[str, str]], keep: dict[str, int] | None = None) -> pathlib.Path:
+    """A git-tracked copy of this project, `pins` moved (commit, tree, date,
+    ... per distribution), each series cut to its first `keep[dist]` patches."""
+    dest.mkdir(parents=True)
+    for name in PROJECT_FILES:
+        src, to = ROOT / name, dest / name
+        if src.is_dir():
+            shutil.copytree(src, to, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
+        elif src.exists():
+            to.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, to)
+    for dist, values in pins.items():
+        set_pin(dest, dist, **values)
+    for dist, count in (keep or {}).items():
+        folder = dest / "patches" / dist
+        names = [line for line in (folder / "series").read_text().splitlines() if line and not line.startswith("#")]
+        for name in names[count:]:
+            (folder / name).unlink()
+        (folder / "series").write_text("# quilt-compatible series: one patch file name a line, applied in order.\n"
+                                       + "".join(n + "\n" for n in names[:count]))
+    git(dest, "init", "-q", "-b", "main")
+    commit_all(dest, "project copy", "2026-11-01T00:00:00+00:00")
+    return dest
+
+
+def pin_of(repo: pathlib.Path, commit: str) -> dict[str, str]:
+    return {"commit": commit, "tree": git(repo, "rev-parse", f"{commit}^{{tree}}"), "date": git(repo, "log", "-1", "--format=%cI", commit)}
+
+
+def set_pin(project: pathlib.Path, dist: str, **values: str) -> None:
+    pin = project / "patches" / dist / "pin.toml"
+    text = pin.read_text()
+    for key, value in values.items():
+        text, n = re.subn(rf'(?m)^{key} = "[^"]*"', f'{key} = "{value}"', text, count=1)
+        assert n == 1, key
+    pin.write_text(text)
+
+
+def rebase(project: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m maxtext_rl_overlay rebase ARGS` on `project` (the copy's own code)."""
+    env = dict(os.environ, MRL_CACHE_DIR=str(project.parent / "cache"), PYTHONPATH=str(project / "overlay"))
+    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", *args, "--project", str(project)],
+                          capture_output=True, text=True, env=env)
+
+
+def snapshot(project: pathlib.Path) -> dict[str, bytes]:
+    """Every file a rebase may touch, by content."""
+    files = {str(p.relative_to(project)): p.read_bytes() for p in (project / "patches").rglob("*") if p.is_file()}
+    files["constraints.txt"] = (project / "constraints.txt").read_bytes()
+    return files
+
+
+def row(stdout: str, patch_prefix: str) -> str:
+    """The outcome column of a patch's row in the printed table."""
+    for line in stdout.splitlines():
+        fields = line.split(None, 1)
+        if fields and fields[0].startswith(patch_prefix):
+            return fields[1]
+    raise AssertionError(f"no row for {patch_prefix} in:\n{stdout}")

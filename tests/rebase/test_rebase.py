@@ -1,0 +1,241 @@
+"""scripts/rebase.sh on real upstream drift (PyPI releases committed as git
+history, tests/rebase/drift.toml), and on the cases a person meets: a
+conflict (--continue, --abort), a patch upstream already took, a dirty
+checkout, a mirror lacking blobs, --find-base. Every test works on a
+git-tracked copy of the project; the real checkout is never changed."""
+
+from __future__ import annotations
+
+import difflib
+import pathlib
+import shutil
+import tomllib
+
+import pytest
+from rebase_support import ROOT, commit_all, git, make_project, pin_of, rebase, row, set_pin, snapshot
+
+from maxtext_rl_overlay import patchfile
+
+SAMPLING = "tpu_inference/layers/jax/sample/sampling.py"
+TPU = pathlib.Path("patches/tpu-inference")
+PATCH = "0001-Reshard-logprobs-in-gather_logprobs-for-Explicit-mes.patch"
+LKG = "d626108b1841888ec90aced33367149a6bbc7e4b"
+OLD_COMMENT = "    # Find the topK values.\n"
+NEW_COMMENT = "    # Find the top-k values and their vocabulary ids.\n"
+
+
+def _project(tmp_path, repo, commit, **extra) -> pathlib.Path:
+    """The project pinned to `commit` of the tpu-inference upstream `repo`,
+    with the series this file's cases are written for (patch 0001)."""
+    return make_project(tmp_path / "project", {"tpu-inference": {**pin_of(repo, commit), **extra}}, keep={"tpu-inference": 1})
+
+
+def _branch(repo, name, base) -> None:
+    git(repo, "checkout", "-q", "-f", "-b", name, base)
+
+
+def _conflicting_commit(repo, base) -> str:
+    """Upstream rewords the line the patch inserts its code before."""
+    _branch(repo, "conflict", base)
+    path = repo / SAMPLING
+    text = path.read_text()
+    assert text.count(OLD_COMMENT) == 1
+    path.write_text(text.replace(OLD_COMMENT, NEW_COMMENT))
+    return commit_all(repo, "Reword a comment in gather_logprobs", "2026-08-01T12:00:00+00:00")
+
+
+def _pin(project, dist="tpu-inference") -> dict:
+    return tomllib.loads((project / "patches" / dist / "pin.toml").read_text())
+
+
+def _status(project) -> list[tuple[str, ...]]:
+    """What changed in the project's checkout: (status, path) pairs."""
+    return [tuple(line.split(None, 1)) for line in git(project, "status", "--porcelain").splitlines()]
+
+
+def _added_lines(patch_text: str) -> str:
+    return "".join(line[1:] + "\n" for line in patch_text.split("\n@@", 1)[1].splitlines() if line.startswith("+"))
+
+
+def _head(patch_text: str) -> str:
+    return patch_text.split("\n---\n", 1)[0]
+
+
+def test_tpu_inference_moves_to_a_later_release(upstreams, tmp_path):
+    """0.25.0.dev20260728 -> 0.32.0: the patch applies, is re-exported for the
+    new tree with its author, date and message, and the pin moves (values
+    edited in place, comments kept); the vLLM tpu-inference's CI verified is
+    applied on request."""
+    repo, commits = upstreams["tpu-inference"]
+    project = _project(tmp_path, repo, commits["old"])
+    pin_before = (project / TPU / "pin.toml").read_text()
+    patch_before = (project / TPU / PATCH).read_text()
+    proc = rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo), "--no-tests", "--apply-vllm-lkg")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "0001-") == "applied cleanly"
+    pin = _pin(project)
+    assert pin["commit"] == commits["new"]
+    assert pin["tree"] == git(repo, "rev-parse", f"{commits['new']}^{{tree}}")
+    assert pin["date"] == "2026-10-22T07:50:26+00:00"
+    assert pin["version"] == "0.32.0.dev20261022", "daily-build naming: newest release tag, commit date"
+    changed = [line for line in difflib.ndiff(pin_before.splitlines(), (project / TPU / "pin.toml").read_text().splitlines()) if line[:2] in ("+ ", "- ")]
+    assert sorted(line[2:].split(" =")[0] for line in changed) == ["commit", "commit", "date", "date", "tree", "tree", "version", "version"]
+    patch_after = (project / TPU / PATCH).read_text()
+    assert _head(patch_after) == _head(patch_before), "author, date and message are kept"
+    assert _added_lines(patch_after) == _added_lines(patch_before)
+    (change,) = patchfile.parse(project / TPU / PATCH).files
+    assert change.pre == git(repo, "rev-parse", f"{commits['new']}:{SAMPLING}"), "re-exported against the new upstream"
+    assert patchfile.lint(patchfile.parse(project / TPU / PATCH)) == []
+    assert _pin(project, "vllm")["commit"] == LKG
+    assert f"-> {LKG[:12]}" in proc.stdout
+    assert not (project / "build" / "rebase" / "state").exists()
+    assert _status(project) == [("M", str(TPU / PATCH)), ("M", str(TPU / "pin.toml")), ("M", "patches/vllm/pin.toml")]
+
+
+def test_tunix_fetched_from_the_pin_repository_and_fast_tests_run(upstreams, tmp_path):
+    """0.1.6 -> 0.1.7 without --source (git fetch from the pin's repository):
+    the version is pyproject's; the fast tests run on the project and catch
+    that constraints.txt was not rebuilt (no --build)."""
+    repo, commits = upstreams["google-tunix"]
+    project = make_project(tmp_path / "project", {"google-tunix": {**pin_of(repo, commits["old"]), "repository": str(repo)}}, keep={"google-tunix": 1})
+    proc = rebase(project, "google-tunix", "main")
+    assert row(proc.stdout, "0001-") == "applied cleanly", proc.stdout + proc.stderr
+    assert _pin(project, "google-tunix")["commit"] == commits["new"]
+    assert _pin(project, "google-tunix")["version"] == "0.1.7"
+    assert "fast tests (tests/unit): FAILED" in proc.stdout
+    assert "test_constraints_pin_exactly_what_the_pins_and_revision_build" in proc.stdout
+    assert proc.returncode == 1
+
+
+def test_unchanged_patch_reexports_without_a_diff(upstream, tmp_path):
+    repo, commits = upstream
+    _branch(repo, "unrelated", commits["old"])
+    (repo / "README.md").write_text((repo / "README.md").read_text() + "\nA change elsewhere.\n")
+    new = commit_all(repo, "Touch the README", "2026-07-29T10:00:00+00:00")
+    project = _project(tmp_path, repo, commits["old"])
+    proc = rebase(project, "tpu-inference", "unrelated", "--source", str(repo), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _status(project) == [("M", str(TPU / "pin.toml"))]
+    assert _pin(project)["commit"] == new
+    assert _pin(project)["version"] == "0.25.0.dev20260729", "no release tag before it: the previous pin's base"
+
+
+def test_conflict_stops_then_continue(upstream, tmp_path):
+    repo, commits = upstream
+    new = _conflicting_commit(repo, commits["old"])
+    project = _project(tmp_path, repo, commits["old"])
+    proc = rebase(project, "tpu-inference", "conflict", "--source", str(repo), "--no-tests")
+    assert proc.returncode == 1
+    assert row(proc.stdout, "0001-").startswith("CONFLICT") and SAMPLING in proc.stdout
+    assert "scripts/rebase.sh --continue" in proc.stdout and "scripts/rebase.sh --abort" in proc.stdout
+    work = project / "build" / "rebase" / "tpu-inference"
+    assert "<<<<<<<" in (work / SAMPLING).read_text()
+    assert git(work, "diff", "--name-only", "--diff-filter=U") == SAMPLING
+    assert git(project, "status", "--porcelain", "--", "patches", "constraints.txt") == "", "nothing written yet"
+    # Resolving is the person's job; --continue refuses while files are unmerged.
+    early = rebase(project, "--continue")
+    assert early.returncode == 2 and "still unmerged" in early.stderr and SAMPLING in early.stderr
+    block = _added_lines((ROOT / TPU / PATCH).read_text())
+    upstream_text = git(repo, "show", f"{new}:{SAMPLING}") + "\n"
+    (work / SAMPLING).write_text(upstream_text.replace(NEW_COMMENT, block + NEW_COMMENT))
+    git(work, "add", SAMPLING)
+    proc = rebase(project, "--continue")
+    assert row(proc.stdout, "0001-").startswith("conflict resolved by hand"), proc.stdout + proc.stderr
+    exported = (project / TPU / PATCH).read_text()
+    assert NEW_COMMENT.strip() in exported and _head(exported) == _head((ROOT / TPU / PATCH).read_text())
+    assert _pin(project)["commit"] == new
+    assert not (project / "build" / "rebase" / "state").exists()
+    assert rebase(project, "--continue").returncode == 2  # nothing in progress any more
+
+
+def test_abort_restores_every_file_byte_for_byte(upstream, tmp_path):
+    """--abort at a conflict, and --abort after the series and pins were
+    written but the --build step failed."""
+    repo, commits = upstream
+    _conflicting_commit(repo, commits["old"])
+    project = _project(tmp_path, repo, commits["old"])
+    before = snapshot(project)
+    assert rebase(project, "tpu-inference", "conflict", "--source", str(repo), "--no-tests").returncode == 1
+    again = rebase(project, "tpu-inference", "conflict", "--source", str(repo))
+    assert again.returncode == 2 and "in progress" in again.stderr
+    proc = rebase(project, "--abort")
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(project) == before
+    assert not (project / "build" / "rebase" / "state").exists() and not (project / "build" / "rebase" / "tpu-inference").exists()
+
+    proc = rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo), "--apply-vllm-lkg",
+                  "--build", "--source", f"google-tunix={tmp_path / 'no-such-source'}")
+    assert proc.returncode == 2 and "build failed" in proc.stderr and "--abort" in proc.stderr, proc.stdout + proc.stderr
+    assert snapshot(project) != before, "the series and pins were written before the build"
+    assert rebase(project, "--abort").returncode == 0
+    assert snapshot(project) == before
+    assert git(project, "status", "--porcelain") == ""
+
+
+def test_patch_already_upstream_is_dropped_and_recorded(upstream, tmp_path):
+    repo, commits = upstream
+    _branch(repo, "taken", commits["old"])
+    git(repo, "apply", str(ROOT / TPU / PATCH))
+    taken = commit_all(repo, "gather_logprobs: reshard for Explicit axes (#123)", "2026-08-02T12:00:00+00:00")
+    (repo / "README.md").write_text((repo / "README.md").read_text() + "\nlater\n")
+    new = commit_all(repo, "A later commit", "2026-08-03T12:00:00+00:00")
+    project = _project(tmp_path, repo, commits["old"])
+    proc = rebase(project, "tpu-inference", "taken", "--source", str(repo), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "0001-") == f"dropped: already upstream  (Applied-Upstream: {taken[:12]})"
+    assert not (project / TPU / PATCH).exists()
+    series = (project / TPU / "series").read_text()
+    assert f"# Applied-Upstream: {PATCH} in {taken}" in series and f"onto {new}" in series
+    assert _pin(project)["commit"] == new
+    assert _status(project) == [("D", str(TPU / PATCH)), ("M", str(TPU / "pin.toml")), ("M", str(TPU / "series"))]
+
+
+def test_dirty_checkout_is_refused_before_anything_starts(upstreams, tmp_path):
+    repo, commits = upstreams["tpu-inference"]
+    project = _project(tmp_path, repo, commits["old"])
+    with (project / TPU / "series").open("a") as f:
+        f.write("# a local edit\n")
+    proc = rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo))
+    assert proc.returncode == 2 and "uncommitted changes" in proc.stderr and "patches/tpu-inference/series" in proc.stderr
+    assert not (project / "build").exists()
+    git(project, "checkout", "--", "patches")
+    (project / TPU / "0009-stray.patch").write_text("untracked\n")
+    assert rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo)).returncode == 2
+
+
+def test_mirror_lacking_blobs_outside_the_package(upstream, tmp_path):
+    """Like the tunix mirror: the work clone leaves the absent files out and
+    says so; the pin's tree id is still the upstream commit's."""
+    repo, commits = upstream
+    _branch(repo, "docs", commits["old"])
+    (repo / "docs").mkdir(exist_ok=True)
+    (repo / "docs" / "big.png").write_bytes(b"\x89PNG not really" * 1000)
+    new = commit_all(repo, "Add a large image", "2026-07-30T10:00:00+00:00")
+    blob = git(repo, "rev-parse", f"{new}:docs/big.png")
+    (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    project = _project(tmp_path, repo, commits["old"])
+    proc = rebase(project, "tpu-inference", "docs", "--source", str(repo), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "lacks 1 file(s) outside the package" in proc.stdout and "docs/big.png" in proc.stdout
+    assert _pin(project)["tree"] == git(repo, "rev-parse", f"{new}^{{tree}}")
+
+
+def test_find_base_bisects_first_parent_history(upstream, tmp_path):
+    repo, commits = upstream
+    _branch(repo, "drift", commits["old"])
+    fine = []
+    for i in range(3):
+        (repo / f"NOTE{i}").write_text(f"{i}\n")
+        fine.append(commit_all(repo, f"Unrelated {i}", f"2026-07-29T1{i}:00:00+00:00"))
+    text = (repo / SAMPLING).read_text()
+    (repo / SAMPLING).write_text(text.replace(OLD_COMMENT, NEW_COMMENT))
+    breaking = commit_all(repo, "Reword a comment in gather_logprobs", "2026-07-30T10:00:00+00:00")
+    (repo / "NOTE9").write_text("9\n")
+    commit_all(repo, "Unrelated after", "2026-07-30T11:00:00+00:00")
+    project = _project(tmp_path, repo, commits["old"])
+    before = snapshot(project)
+    proc = rebase(project, "tpu-inference", "drift", "--find-base", "--source", str(repo))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"\n  {fine[-1]} " in proc.stdout
+    assert f"the next one conflicts: {breaking} " in proc.stdout
+    assert snapshot(project) == before and not (project / "build" / "rebase" / "state").exists()
