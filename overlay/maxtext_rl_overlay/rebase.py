@@ -498,7 +498,11 @@ def _apply_one(work: pathlib.Path, patch: pathlib.Path, entry: dict, state: dict
     clean = _git("apply", "--check", str(patch), cwd=work, check=False).returncode == 0
     proc = _git("am", "-3", "--keep-cr", str(patch), cwd=work, check=False)
     if proc.returncode == 0:
-        entry.update(outcome=APPLIED_CLEANLY if clean else APPLIED_3WAY, commit=_out("rev-parse", "HEAD", cwd=work))
+        after = _out("rev-parse", "HEAD", cwd=work)
+        if after == head:  # "No changes -- Patch already applied.": the 3-way merge changed nothing
+            entry.update(outcome=DROPPED, detail=_where_upstream(work, patch, state))
+            return
+        entry.update(outcome=APPLIED_CLEANLY if clean else APPLIED_3WAY, commit=after)
         return
     unmerged = sorted(set(_out("diff", "--name-only", "--diff-filter=U", cwd=work).splitlines()))
     staged = _git("diff", "--cached", "--quiet", "HEAD", cwd=work, check=False).returncode != 0

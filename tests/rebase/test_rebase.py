@@ -190,6 +190,23 @@ def test_patch_already_upstream_is_dropped_and_recorded(upstream, tmp_path):
     assert _status(project) == [("D", str(TPU / PATCH)), ("M", str(TPU / "pin.toml")), ("M", str(TPU / "series"))]
 
 
+def test_patch_upstream_took_with_changes_applies_as_empty_and_is_dropped(upstream, tmp_path):
+    """Upstream took the change and reworded a nearby docstring line: the
+    patch no longer reverse-applies, its 3-way merge changes nothing."""
+    repo, commits = upstream
+    _branch(repo, "taken-changed", commits["old"])
+    git(repo, "apply", str(ROOT / TPU / PATCH))
+    path = repo / SAMPLING
+    path.write_text(path.read_text().replace("        Top-k float logprobs tensor, (num tokens)", "        Top-k float logprobs, (num tokens)", 1))
+    new = commit_all(repo, "Reshard logprobs (reworked)", "2026-08-02T12:00:00+00:00")
+    project = _project(tmp_path, repo, commits["old"])
+    proc = rebase(project, "tpu-inference", "taken-changed", "--source", str(repo), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "0001-") == f"dropped: already upstream  (Applied-Upstream: {new[:12]})"
+    assert not (project / TPU / PATCH).exists()
+    assert f"# Applied-Upstream: {PATCH} in {new}" in (project / TPU / "series").read_text()
+
+
 def test_dirty_checkout_is_refused_before_anything_starts(upstreams, tmp_path):
     repo, commits = upstreams["tpu-inference"]
     project = _project(tmp_path, repo, commits["old"])
