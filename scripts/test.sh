@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The test command: the tool's tests (fast checks, then the build pipeline on
+# The test command: the tool's tests (fast checks, the build pipeline and the rebase command on
 # real upstream code), then the quick wheel matrix on the 8-device CPU mesh.
 # Tests that need a TPU or the upstream git repositories say so when skipped.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-.venv/bin/python -m pytest tests/unit tests/pipeline -p no:cacheprovider "$@"
+.venv/bin/python -m pytest tests/unit tests/pipeline tests/rebase -p no:cacheprovider "$@"
 scripts/test-matrix.sh --platform cpu --quick --standins

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Warm overlay build vs plain uv build --wheel of the same sources; prints figures.
+# Usage: scripts/bench-build.sh NAME=PATH [NAME=PATH ...]   (as build-wheels' --source)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+exec "$root/.venv/bin/python" "$root/tests/bench/bench_build.py" "$@"
