@@ -1,0 +1,132 @@
+"""MaxText 0.2.4's run-time shims, re-created to test the overlay under them.
+
+MaxText 0.2.4 (the PyPI wheel) patches tpu-inference and Tunix at run time:
+
+* `maxtext/integration/tunix/tunix_adapter.py`, at import and for the rest of
+  the process: `jax.lax.with_sharding_constraint` and `jax.lax.top_k` are
+  replaced by fallbacks that catch any Exception from the original and retry
+  with `jax.sharding.reshard` (top_k: of the operand, with the reduced axis
+  unsharded, read from `operand.sharding`);
+* `maxtext/trainers/post_train/rl/train_rl.py`, `_tpu_inference_compat_patches`,
+  a context manager around the whole of `rl_train`: `with_sharding_constraint`
+  (by then already the adapter's fallback) falls back to `reshard` on
+  AssertionError; Tunix's `_apply_dtype_cast` skips bfloat16 -> float32;
+  `_bulk_align_and_unstack` and `_unstack_scanned_param` clamp `scan_axis` to
+  the leaf's last axis, and a length-1 unstack result of a leaf shaped like its
+  target is repeated 256 times.
+
+This module does the same things, written from reading that published source
+(it is not a copy of it), so that the tests can wrap the overlay's code in
+them exactly as MaxText does (`maxtext_shims()`: the adapter's replacements
+installed first, train_rl's context inside them) and show it is correct both
+with and without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import jax.numpy as jnp
+
+
+@contextlib.contextmanager
+def tunix_adapter_shims():
+    """What importing maxtext.integration.tunix.tunix_adapter installs."""
+    orig_wsc = jax.lax.with_sharding_constraint
+    orig_top_k = jax.lax.top_k
+
+    def compat_wsc(x, shardings):
+        try:
+            return orig_wsc(x, shardings)
+        except Exception:  # MaxText catches everything here
+            return jax.sharding.reshard(x, shardings)
+
+    def compat_top_k(operand, k, axis=-1):
+        try:
+            return orig_top_k(operand, k, axis=axis)
+        except Exception:
+            sharding = getattr(operand, "sharding", None)
+            if sharding is not None and hasattr(sharding, "spec") and hasattr(sharding, "mesh"):
+                spec = list(sharding.spec)
+                idx = axis if axis >= 0 else len(spec) + axis
+                if 0 <= idx < len(spec):
+                    spec[idx] = None
+                    target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
+                    try:
+                        operand = orig_wsc(operand, target)
+                    except Exception:
+                        operand = jax.sharding.reshard(operand, target)
+            return orig_top_k(operand, k, axis=axis)
+
+    jax.lax.with_sharding_constraint = compat_wsc
+    jax.lax.top_k = compat_top_k
+    try:
+        yield
+    finally:
+        jax.lax.with_sharding_constraint = orig_wsc
+        jax.lax.top_k = orig_top_k
+
+
+@contextlib.contextmanager
+def train_rl_patches():
+    """What train_rl._tpu_inference_compat_patches does around rl_train."""
+    import tunix.generate.utils as tunix_utils
+
+    orig_wsc = jax.lax.with_sharding_constraint
+    orig_cast = tunix_utils._apply_dtype_cast
+    orig_bulk = tunix_utils._bulk_align_and_unstack
+    orig_unstack = tunix_utils._unstack_scanned_param
+
+    def compat_wsc(x, shardings):
+        try:
+            return orig_wsc(x, shardings)
+        except AssertionError:
+            return jax.sharding.reshard(x, shardings)
+
+    def no_bf16_to_f32_cast(val, tgt_dtype, src_key):
+        if hasattr(val, "dtype") and val.dtype == jnp.bfloat16 and tgt_dtype == jnp.float32:
+            return val
+        return orig_cast(val, tgt_dtype, src_key)
+
+    def clamp(shape, scan_axis):
+        if len(shape) <= scan_axis:
+            return len(shape) - 1 if shape else 0
+        return scan_axis
+
+    def compat_bulk(arr, scan_axis, per_layer, key_path):
+        if hasattr(arr, "shape"):
+            scan_axis = clamp(arr.shape, scan_axis)
+        return orig_bulk(arr, scan_axis, per_layer, key_path)
+
+    def compat_unstack(src_val, tgt_val, key_path, scan_axis=None):
+        if scan_axis is not None and hasattr(src_val, "shape"):
+            scan_axis = clamp(src_val.shape, scan_axis)
+        result = orig_unstack(src_val, tgt_val, key_path, scan_axis=scan_axis)
+        if (
+            isinstance(result, tuple)
+            and len(result) == 1
+            and hasattr(src_val, "shape")
+            and src_val.shape == tgt_val.shape
+        ):
+            return result * 256
+        return result
+
+    jax.lax.with_sharding_constraint = compat_wsc
+    tunix_utils._apply_dtype_cast = no_bf16_to_f32_cast
+    tunix_utils._bulk_align_and_unstack = compat_bulk
+    tunix_utils._unstack_scanned_param = compat_unstack
+    try:
+        yield
+    finally:
+        jax.lax.with_sharding_constraint = orig_wsc
+        tunix_utils._apply_dtype_cast = orig_cast
+        tunix_utils._bulk_align_and_unstack = orig_bulk
+        tunix_utils._unstack_scanned_param = orig_unstack
+
+
+@contextlib.contextmanager
+def maxtext_shims():
+    """Every shim, nested as in a MaxText 0.2.4 rl_train run."""
+    with tunix_adapter_shims(), train_rl_patches():
+        yield
