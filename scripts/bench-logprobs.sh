@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# gather_logprobs on a vocab-sharded mesh: tpu-inference patch 0002 (shard-local
+# top-k) vs 0001 (reshard the vocab axis) vs one device; times and collective bytes.
+# Usage: scripts/bench-logprobs.sh [PYTHON]
+#   PYTHON (or $MRL_BENCH_PYTHON) is the python of a venv with the overlay wheels
+#   installed, e.g. the one `MRL_KEEP=1 scripts/test-matrix.sh` keeps:
+#   <MRL_WORK>/cells/py312/venv/bin/python (default: build/test-matrix/cells/py312/venv/bin/python).
+# BENCH_RUNS sets the number of timed runs (default 15). Runs in one process on an
+# 8-device CPU simulation; the last line is
+#   speedup_vs_reshard=<x> bytes_ratio=<y> exact=<true|false>   (B=256, k=20)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+python=${1:-${MRL_BENCH_PYTHON:-$root/build/test-matrix/cells/py312/venv/bin/python}}
+[ -x "$python" ] || { echo "bench-logprobs: no python at $python (give a venv's python)" >&2; exit 2; }
+exec "$python" "$root/tests/bench/bench_logprobs.py"
