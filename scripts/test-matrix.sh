@@ -24,7 +24,10 @@ if [ -z "$wheels" ]; then
     while IFS= read -r s; do args+=(--source "$s"); done < <("$root/.venv/bin/python" "$root/tests/standins.py")
     args+=(--unpinned --only google-tunix,tpu-inference)
   else
-    for s in ${MRL_SOURCES:-}; do args+=(--source "$s"); done
+    only=""
+    for s in ${MRL_SOURCES:-}; do args+=(--source "$s"); only+="${only:+,}${s%%=*}"; done
+    # Build what sources were given for (the vLLM pin needs GitHub); all without.
+    [ -z "$only" ] || args+=(--only "$only")
   fi
   "$root/scripts/build-wheels.sh" "${args[@]}" --out "$wheels" --constraints "$work/constraints.txt"
 fi
