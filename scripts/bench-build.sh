@@ -3,4 +3,6 @@
 # Usage: scripts/bench-build.sh NAME=PATH [NAME=PATH ...]   (as build-wheels' --source)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-exec "$root/.venv/bin/python" "$root/tests/bench/bench_build.py" "$@"
+. "$root/scripts/lib.sh"
+use_tool_venv "$root"
+exec python "$root/tests/bench/bench_build.py" "$@"

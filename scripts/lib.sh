@@ -12,3 +12,10 @@ find_python312() {
   echo "no Python 3.12 found: install one (e.g. pyenv install 3.12) or set MRL_PYTHON" >&2
   return 1
 }
+
+# The tool venv's bin first on PATH: its uv and python are the ones the tool runs.
+use_tool_venv() {
+  local root=$1
+  [ -x "$root/.venv/bin/python" ] || { echo "no tool venv at $root/.venv: run scripts/setup.sh first" >&2; exit 2; }
+  export PATH="$root/.venv/bin:$PATH" UV_PYTHON_DOWNLOADS=never
+}

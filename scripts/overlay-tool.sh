@@ -3,6 +3,6 @@
 # (.venv, Python 3.12) that scripts/setup.sh makes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-[ -x "$root/.venv/bin/python" ] || { echo "no tool venv at $root/.venv: run scripts/setup.sh first" >&2; exit 2; }
-export UV_PYTHON_DOWNLOADS=never
-exec "$root/.venv/bin/python" -m maxtext_rl_overlay "$@"
+. "$root/scripts/lib.sh"
+use_tool_venv "$root"
+exec python -m maxtext_rl_overlay "$@"

@@ -5,5 +5,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-.venv/bin/python -m pytest tests/unit tests/pipeline tests/rebase -p no:cacheprovider "$@"
+. scripts/lib.sh
+use_tool_venv "$root"
+python -m pytest tests/unit tests/pipeline tests/rebase -p no:cacheprovider "$@"
 scripts/test-matrix.sh --platform cpu --quick --standins
