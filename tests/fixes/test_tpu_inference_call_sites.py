@@ -1,0 +1,199 @@
+"""tpu-inference: the remaining CPU-runnable `constrain_sharding` call sites under
+Explicit mesh axes (patches/tpu-inference/0003).
+
+Sites (the installed files, `grep -n constrain_sharding`):
+
+- tpu_inference/layers/common/linear.py: `sharded_matmul`,
+  `sharded_quantized_matmul`, `sharded_quantized_batched_matmul`;
+- tpu_inference/layers/jax/moe/dense_moe.py: `dense_moe_fwd` and
+  `dense_moe_fwd_preapply_router_weights` (both reached through
+  `dense_moe_func`);
+- tpu_inference/layers/jax/moe/moe.py: `Router.__call__`;
+- tpu_inference/layers/common/process_weights/moe_weights.py:
+  `_process_moe_weights_no_requant` and `_process_quantized_moe_weights_impl`
+  (both reached through `process_quantized_moe_weights`, the entry point the
+  fp8/nvfp4/w4a8 MoE loaders call).
+
+For each, as in test_tpu_inference_sample.py::test_layers_call_sites_explicit:
+the upstream module (the installed file with the series reverse-applied, see
+unpatched.py) fails under Explicit axes with `with_sharding_constraint`'s
+AssertionError, raised from that very function; the INSTALLED code runs under
+Explicit axes, gives the numbers it gives under Auto axes, and under Auto axes
+the very numbers upstream gives. Every input is sharded so that each
+constraint has to move data (which is also why upstream's assert fires: it
+only fires when the sharding differs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pathlib
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+if str(pathlib.Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from matrix import MESHES  # noqa: E402
+from unpatched import load_unpatched  # noqa: E402
+
+LINEAR = "tpu_inference.layers.common.linear"
+DENSE_MOE = "tpu_inference.layers.jax.moe.dense_moe"
+MOE = "tpu_inference.layers.jax.moe.moe"
+MOE_WEIGHTS = "tpu_inference.layers.common.process_weights.moe_weights"
+WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
+AXIS_TYPE = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
+MESH = (2, 4)  # data x model: both axes > 1, so every target spec moves data
+
+
+def make_mesh(shape, axis_type):
+    return jax.make_mesh(shape, ("data", "model"), axis_types=(AXIS_TYPE[axis_type],) * 2)
+
+
+def rand(seed, shape, scale=1.0):
+    return (np.random.default_rng(seed).normal(size=shape) * scale).astype(np.float32)
+
+
+def put(x, mesh, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+def assert_upstream_fails(fn, mesh_shape, module_name, *functions):
+    """Upstream, Explicit axes: the constraint's assert, raised in `functions` of
+    the rebuilt upstream file (not somewhere else that happens to assert)."""
+    with pytest.raises(AssertionError, match=re.escape(WSC_ASSERT)) as excinfo:
+        fn(make_mesh(mesh_shape, "explicit"))
+    upstream_file = module_name + "__unpatched.py"
+    entries = [e for e in excinfo.traceback if e.path.name == upstream_file]
+    frames = {e.frame.code.name for e in entries}
+    for name in functions:
+        assert name in frames, (name, frames)
+    # the innermost upstream line is the constraint itself (JAX hides its own frames)
+    assert entries and "jax.lax.with_sharding_constraint(" in str(entries[-1].statement), entries[-1].statement
+    return entries[-1].frame.code.name
+
+
+def check_site(patched_fn, upstream_fn, mesh_shape, module_name, functions, rtol=1e-5, atol=1e-5):
+    """The whole story of one site: upstream fails under Explicit axes; the patched
+    code gives under Explicit axes what it gives under Auto axes, which is
+    exactly what upstream gives under Auto axes."""
+    assert_upstream_fails(upstream_fn, mesh_shape, module_name, *functions)
+    got = patched_fn(make_mesh(mesh_shape, "explicit"))
+    want = patched_fn(make_mesh(mesh_shape, "auto"))
+    upstream_auto = upstream_fn(make_mesh(mesh_shape, "auto"))
+    assert got.keys() == want.keys() == upstream_auto.keys() and got
+    for name in want:
+        assert np.all(np.isfinite(want[name])), name
+        assert np.any(want[name] != 0), name
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+        np.testing.assert_array_equal(want[name], upstream_auto[name], err_msg=name)
+    return got
+
+
+@pytest.fixture(scope="module")
+def modules():
+    """(patched, upstream) for each module; the upstream copies share every other
+    module with the patched install."""
+    out = {}
+    for name in (LINEAR, DENSE_MOE, MOE, MOE_WEIGHTS):
+        patched = importlib.import_module(name)
+        upstream = load_unpatched("tpu-inference", name)
+        assert "constrain_sharding" in pathlib.Path(patched.__file__).read_text()
+        assert "constrain_sharding" not in pathlib.Path(upstream.__file__).read_text()
+        out[name] = (patched, upstream)
+    return out
+
+
+# --------------------------------------------------------------------------
+# tpu_inference/layers/common/linear.py
+
+
+T, D, F = 16, 64, 32
+N, H, A = 8, 16, 8  # heads, head dim, output features of the batched matmul
+
+
+def _quantize(w):
+    return np.clip(np.round(w * 1000), -127, 127).astype(np.int8)
+
+
+def _linear_sites(linear, mesh):
+    """The three matmuls, each called as the JAX layers call them (in jit).
+
+    The activation comes in with its tokens sharded over "model"; each site
+    constrains it to P(ATTN_DATA="data", <the weight's in axis>) before its
+    shard_map. {name: (function the constraint is in, thunk)}."""
+    x = put(rand(1, (T, D)), mesh, P("model", None))
+    w = rand(2, (D, F), 0.1)
+    w_q = _quantize(w)
+    x3 = put(rand(3, (T, N, H)), mesh, P("model", None, None))
+    w3_q = _quantize(rand(4, (A, N, H), 0.1))
+    ws = NamedSharding(mesh, P("model", None))
+    return {
+        # sharded_matmul: contracting axis sharded (row parallel); the weight
+        # sharding as a NamedSharding (mesh taken from it) and as a
+        # PartitionSpec (mesh from the context). x -> P("data", "model").
+        "sharded_matmul[named]": ("sharded_matmul", lambda: jax.jit(
+            lambda a, b: linear.sharded_matmul(a, b, ws))(x, put(w, mesh, ws.spec))),
+        "sharded_matmul[spec]": ("sharded_matmul", lambda: jax.jit(
+            lambda a, b: linear.sharded_matmul(a, b, P("model", None)))(x, put(w, mesh, P("model", None)))),
+        # sharded_quantized_matmul: int8 weight, channelwise scale: the XLA
+        # path (3-D/4-D scales take the Pallas gmm_v2 kernel, TPU only; the
+        # constraint is the same line before either). Column parallel:
+        # x -> P("data", None).
+        "sharded_quantized_matmul[channelwise]": ("sharded_quantized_matmul", lambda: jax.jit(
+            lambda a, q, s: linear.sharded_quantized_matmul(a, q, s, P(None, "model"), mesh=mesh))(
+                x, put(w_q, mesh, P(None, "model")), put(np.linspace(0.5e-3, 2e-3, F, dtype=np.float32), mesh, P("model")))),
+        # ... and a 2-D block scale (requantization disabled), row parallel:
+        # x -> P("data", "model").
+        "sharded_quantized_matmul[2d-block]": ("sharded_quantized_matmul", lambda: jax.jit(
+            lambda a, q, s: linear.sharded_quantized_matmul(a, q, s, P("model", None), mesh=mesh))(
+                x, put(w_q, mesh, P("model", None)),
+                put(np.linspace(0.5e-3, 2e-3, 8 * 2, dtype=np.float32).reshape(8, 2), mesh, P("model", None)))),
+        # sharded_quantized_batched_matmul: "TNH,ANH->NTA" (an MLA-style
+        # projection), heads sharded over "model": x -> P("data", "model", None).
+        "sharded_quantized_batched_matmul": ("sharded_quantized_batched_matmul", lambda: jax.jit(
+            lambda a, q, s: linear.sharded_quantized_batched_matmul(a, q, s, "TNH,ANH->NTA", P(None, "model", None), mesh=mesh))(
+                x3, put(w3_q, mesh, P(None, "model", None)), put(np.linspace(0.5e-3, 2e-3, A, dtype=np.float32), mesh, P()))),
+    }
+
+
+def _linear_outputs(linear, mesh):
+    with jax.set_mesh(mesh):
+        return {name: np.asarray(thunk()) for name, (_, thunk) in _linear_sites(linear, mesh).items()}
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+def test_linear_call_sites(modules, mesh_shape):
+    patched, upstream = modules[LINEAR]
+    # upstream fails at each variant of each site on its own
+    names = _linear_sites(upstream, make_mesh(mesh_shape, "auto")).keys()
+    for name in names:
+        def one(mesh, name=name):
+            fn, thunk = _linear_sites(upstream, mesh)[name]
+            with jax.set_mesh(mesh):
+                return thunk()
+        fn = _linear_sites(upstream, make_mesh(mesh_shape, "auto"))[name][0]
+        assert assert_upstream_fails(one, mesh_shape, LINEAR, fn) == fn
+    # the first site reached by the whole set is sharded_matmul
+    got = check_site(lambda m: _linear_outputs(patched, m), lambda m: _linear_outputs(upstream, m), mesh_shape, LINEAR,
+                     ("sharded_matmul",))
+    # and the numbers are the matmuls': against numpy on the host
+    x, w = rand(1, (T, D)), rand(2, (D, F), 0.1)
+    for name in ("sharded_matmul[spec]", "sharded_matmul[named]"):
+        np.testing.assert_allclose(got[name], x @ w, rtol=1e-4, atol=1e-4, err_msg=name)
+    w_deq = _quantize(w).astype(np.float32)
+    channel = w_deq * np.linspace(0.5e-3, 2e-3, F, dtype=np.float32)
+    # the activation is quantized to int8 (per shard): about 1% off
+    np.testing.assert_allclose(got["sharded_quantized_matmul[channelwise]"], x @ channel, rtol=0.05, atol=0.05)
+    block = w_deq * np.repeat(np.repeat(np.linspace(0.5e-3, 2e-3, 16, dtype=np.float32).reshape(8, 2), 8, 0), 16, 1)
+    # a 2-D block scale: the activation is not quantized
+    np.testing.assert_allclose(got["sharded_quantized_matmul[2d-block]"], x @ block, rtol=1e-4, atol=1e-4)
+    x3, w3 = rand(3, (T, N, H)), _quantize(rand(4, (A, N, H), 0.1)).astype(np.float32)
+    want3 = np.einsum("tnh,anh->nta", x3, w3 * np.linspace(0.5e-3, 2e-3, A, dtype=np.float32)[:, None, None])
+    np.testing.assert_allclose(got["sharded_quantized_batched_matmul"], want3, rtol=0.05, atol=0.05)
