@@ -197,3 +197,95 @@ def test_linear_call_sites(modules, mesh_shape):
     x3, w3 = rand(3, (T, N, H)), _quantize(rand(4, (A, N, H), 0.1)).astype(np.float32)
     want3 = np.einsum("tnh,anh->nta", x3, w3 * np.linspace(0.5e-3, 2e-3, A, dtype=np.float32)[:, None, None])
     np.testing.assert_allclose(got["sharded_quantized_batched_matmul"], want3, rtol=0.05, atol=0.05)
+
+
+# --------------------------------------------------------------------------
+# tpu_inference/layers/jax/moe/dense_moe.py and moe.py (Router)
+
+E, K, FF = 4, 2, 32  # experts, experts per token, expert intermediate size
+
+
+def _moe_weights(mesh):
+    """Unfused expert weights sharded over experts, as llama4/gpt_oss shard them
+    (edf/efd_sharding ("model", None, None))."""
+    from tpu_inference.layers.common.process_weights.moe_weights import UnfusedMoEWeights
+
+    es = P("model", None, None)
+    return UnfusedMoEWeights(
+        w1_weight=put(rand(10, (E, D, FF), 0.1), mesh, es), w1_weight_scale=None, w1_bias=None,
+        w2_weight=put(rand(11, (E, D, FF), 0.1), mesh, es), w2_weight_scale=None, w2_bias=None,
+        w3_weight=put(rand(12, (E, FF, D), 0.1), mesh, es), w3_weight_scale=None, w3_bias=None,
+    )
+
+
+def _gating():
+    logits = rand(13, (T, E))
+    idx = np.argsort(-logits, axis=-1)[:, :K].astype(np.int32)
+    top = np.take_along_axis(logits, idx, -1)
+    w = np.exp(top - top.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)).astype(np.float32), idx
+
+
+def _dense_moe_outputs(dense_moe, mesh, preapply):
+    """dense_moe_func (the DENSE_MAT backend) with tokens sharded over "model":
+    dense_moe_fwd constrains x_TD to activation_ffw_td P("data", None), and
+    dense_moe_fwd_preapply_router_weights x_TED to P("data", None, None)."""
+    x = put(rand(1, (T, D)), mesh, P("model", None))
+    weights_TX, indices_TX = _gating()
+    gating = (put(weights_TX, mesh, P()), put(indices_TX, mesh, P()))
+    with jax.set_mesh(mesh):
+        fn = jax.jit(lambda w, a, g: dense_moe.dense_moe_func(
+            weights=w, x_TD=a, gating_output=g, cast_dtype=jnp.float32, num_local_experts=E,
+            apply_expert_weight_before_computation=preapply, activation_ffw_td=("data", None),
+            activation_ffw_ted=("data", None, None), hidden_act="silu", mesh=mesh))
+        return {"out": np.asarray(fn(_moe_weights(mesh), x, gating))}
+
+
+def _dense_moe_reference(preapply):
+    x = rand(1, (T, D))
+    w1, w2, w3 = rand(10, (E, D, FF), 0.1), rand(11, (E, D, FF), 0.1), rand(12, (E, FF, D), 0.1)
+    weights_TX, indices_TX = _gating()
+    full = np.zeros((T, E), np.float32)
+    np.put_along_axis(full, indices_TX, weights_TX, -1)
+    silu = lambda v: v / (1 + np.exp(-v))  # noqa: E731
+    if preapply:
+        xe = x[:, None, :] * full[..., None]
+        h = silu(np.einsum("ted,edf->tef", xe, w1)) * np.einsum("ted,edf->tef", xe, w2)
+        return np.einsum("tef,efd->ted", h, w3).sum(1)
+    h = silu(np.einsum("td,edf->tef", x, w1)) * np.einsum("td,edf->tef", x, w2)
+    return np.einsum("ted,te->td", np.einsum("tef,efd->ted", h, w3), full)
+
+
+@pytest.mark.parametrize("preapply", [False, True], ids=["dense_moe_fwd", "dense_moe_fwd_preapply_router_weights"])
+def test_dense_moe_call_sites(modules, preapply):
+    patched, upstream = modules[DENSE_MOE]
+    site = "dense_moe_fwd_preapply_router_weights" if preapply else "dense_moe_fwd"
+    got = check_site(lambda m: _dense_moe_outputs(patched, m, preapply), lambda m: _dense_moe_outputs(upstream, m, preapply),
+                     MESH, DENSE_MOE, ("dense_moe_func", site))
+    np.testing.assert_allclose(got["out"], _dense_moe_reference(preapply), rtol=1e-4, atol=1e-4)
+
+
+def _router_outputs(moe, mesh):
+    """Router as deepseek_v3/llama4 build it (ed_sharding (None, None),
+    activation_ffw_td P("data", None)), called on tokens sharded over "model"."""
+    from flax import nnx
+
+    x = put(rand(1, (T, D)), mesh, P("model", None))
+    with jax.set_mesh(mesh):
+        router = moe.Router(
+            dtype=jnp.float32, hidden_size=D, num_experts=E, num_experts_per_tok=K, router_act="softmax",
+            rngs=nnx.Rngs(0), activation_ffw_td=("data", None), ed_sharding=(None, None), random_init=True, mesh=mesh,
+        )
+        weights_TX, experts_TX = router(x)
+        kernel = np.asarray(router.kernel_DE.value)
+    return {"weights": np.asarray(weights_TX), "experts": np.asarray(experts_TX), "kernel": kernel}
+
+
+def test_router_call_site(modules):
+    patched, upstream = modules[MOE]
+    got = check_site(lambda m: _router_outputs(patched, m), lambda m: _router_outputs(upstream, m), MESH, MOE, ("__call__",))
+    logits = rand(1, (T, D)) @ got["kernel"]
+    np.testing.assert_array_equal(got["experts"], np.argsort(-logits, axis=-1, kind="stable")[:, :K])
+    top = np.take_along_axis(logits, got["experts"], -1)
+    want = np.exp(top - top.max(-1, keepdims=True))
+    np.testing.assert_allclose(got["weights"], want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
