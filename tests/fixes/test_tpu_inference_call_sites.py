@@ -26,6 +26,7 @@ only fires when the sharding differs).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pathlib
 import re
@@ -64,10 +65,10 @@ def put(x, mesh, spec):
     return jax.device_put(x, NamedSharding(mesh, spec))
 
 
-def assert_upstream_fails(fn, mesh_shape, module_name, *functions):
+def assert_upstream_fails(fn, mesh_shape, module_name, *functions, exc=AssertionError, match=WSC_ASSERT):
     """Upstream, Explicit axes: the constraint's assert, raised in `functions` of
     the rebuilt upstream file (not somewhere else that happens to assert)."""
-    with pytest.raises(AssertionError, match=re.escape(WSC_ASSERT)) as excinfo:
+    with pytest.raises(exc, match=re.escape(match)) as excinfo:
         fn(make_mesh(mesh_shape, "explicit"))
     upstream_file = module_name + "__unpatched.py"
     entries = [e for e in excinfo.traceback if e.path.name == upstream_file]
@@ -172,14 +173,14 @@ def _linear_outputs(linear, mesh):
 def test_linear_call_sites(modules, mesh_shape):
     patched, upstream = modules[LINEAR]
     # upstream fails at each variant of each site on its own
-    names = _linear_sites(upstream, make_mesh(mesh_shape, "auto")).keys()
-    for name in names:
+    sites = {name: fn for name, (fn, _) in _linear_sites(upstream, make_mesh(mesh_shape, "auto")).items()}
+    assert set(sites.values()) == {"sharded_matmul", "sharded_quantized_matmul", "sharded_quantized_batched_matmul"}
+    for name, fn in sites.items():
         def one(mesh, name=name):
-            fn, thunk = _linear_sites(upstream, mesh)[name]
             with jax.set_mesh(mesh):
-                return thunk()
-        fn = _linear_sites(upstream, make_mesh(mesh_shape, "auto"))[name][0]
-        assert assert_upstream_fails(one, mesh_shape, LINEAR, fn) == fn
+                return _linear_sites(upstream, mesh)[name][1]()
+        # the innermost upstream frame is the constraint in that very function
+        assert assert_upstream_fails(one, mesh_shape, LINEAR, fn) == fn, name
     # the first site reached by the whole set is sharded_matmul
     got = check_site(lambda m: _linear_outputs(patched, m), lambda m: _linear_outputs(upstream, m), mesh_shape, LINEAR,
                      ("sharded_matmul",))
@@ -289,3 +290,99 @@ def test_router_call_site(modules):
     top = np.take_along_axis(logits, got["experts"], -1)
     want = np.exp(top - top.max(-1, keepdims=True))
     np.testing.assert_allclose(got["weights"], want / want.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------
+# tpu_inference/layers/common/process_weights/moe_weights.py
+
+ME, MD, MI, BLOCK = 4, 64, 128, 32  # experts, hidden, intermediate, fp8 block size
+FIELDS = ("w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale")
+# GMM_TP's targets (_get_moe_weight_shardings) on the ("data", "model") mesh.
+GMM_TP_SPECS = {
+    "w13_weight": P(None, None, "model"),
+    "w13_weight_scale": P(None, None, None, "model"),
+    "w2_weight": P(None, "model", None),
+}
+
+
+def _fp8_moe_weights():
+    """Block-quantized fp8 MoE weights as a checkpoint holds them (on the host):
+    w13 (E, 2I, D) with scales (E, 2I/B, D/B), w2 (E, D, I) with (E, D/B, I/B)."""
+    q = lambda seed, shape: np.asarray(jnp.asarray(rand(seed, shape, 50.0)).astype(jnp.float8_e4m3fn))  # noqa: E731
+    s = lambda seed, shape: (np.random.default_rng(seed).uniform(0.5, 2.0, shape) * 1e-3).astype(np.float32)  # noqa: E731
+    return {
+        "w13_weight": q(20, (ME, 2 * MI, MD)), "w13_weight_scale": s(21, (ME, 2 * MI // BLOCK, MD // BLOCK)),
+        "w2_weight": q(22, (ME, MD, MI)), "w2_weight_scale": s(23, (ME, MD // BLOCK, MI // BLOCK)),
+    }
+
+
+def _moe_weights_outputs(moe_weights, mesh, requantize, monkeypatch, set_mesh=True):
+    """process_quantized_moe_weights for the GMM_TP backend, as the fp8 MoE
+    loaders call it. It puts the experts on the expert axis ("model"), then
+    (jitted) either only re-lays the weights out (_process_moe_weights_no_requant,
+    DISABLE_WEIGHT_REQUANTIZATION=1) or requantizes them expert by expert in a
+    shard_map (_process_quantized_moe_weights_impl); both end by constraining
+    every field to GMM_TP's sharding: from experts sharded to the
+    intermediate dimension sharded."""
+    from tpu_inference import envs
+    from tpu_inference.layers.common.moe import MoEBackend
+
+    monkeypatch.delenv("MOE_REQUANTIZE_WEIGHT_DTYPE", raising=False)
+    monkeypatch.delenv("MOE_REQUANTIZE_BLOCK_SIZE", raising=False)
+    monkeypatch.delenv("MOE_REQUANTIZE_CLIP_PERCENTILE", raising=False)
+    monkeypatch.setenv("DISABLE_WEIGHT_REQUANTIZATION", "0" if requantize else "1")
+    assert envs.DISABLE_WEIGHT_REQUANTIZATION is (not requantize)
+    weights = moe_weights.FusedMoEWeights(w13_bias=None, w2_bias=None, **_fp8_moe_weights())
+    # The flax_nnx loader loads weights under jax.set_mesh(mesh); a caller
+    # without a mesh set sees another error upstream (below).
+    with jax.set_mesh(mesh) if set_mesh else contextlib.nullcontext():
+        out = moe_weights.process_quantized_moe_weights(
+            weights, moe_backend=MoEBackend.GMM_TP, mesh=mesh, activation="silu", weight_block_size=(BLOCK, BLOCK),
+        )
+    result = {}
+    for name in FIELDS:
+        arr = getattr(out, name)
+        if name in GMM_TP_SPECS:
+            spec = tuple(arr.sharding.spec) + (None,) * (arr.ndim - len(arr.sharding.spec))
+            assert spec == tuple(GMM_TP_SPECS[name]), (name, arr.sharding)
+        result[name] = np.asarray(arr.astype(jnp.float32))
+    assert out.w13_bias is None and out.w2_bias is None
+    return result
+
+
+@pytest.mark.parametrize("requantize", [False, True], ids=["_process_moe_weights_no_requant", "_process_quantized_moe_weights_impl"])
+def test_moe_weights_call_sites(modules, requantize, monkeypatch):
+    patched, upstream = modules[MOE_WEIGHTS]
+    site = "_process_quantized_moe_weights_impl" if requantize else "_process_moe_weights_no_requant"
+    got = check_site(lambda m: _moe_weights_outputs(patched, m, requantize, monkeypatch),
+                     lambda m: _moe_weights_outputs(upstream, m, requantize, monkeypatch),
+                     MESH, MOE_WEIGHTS, ("process_quantized_moe_weights", site), rtol=0, atol=0)
+    host = _fp8_moe_weights()
+    w2 = host["w2_weight"].astype(np.float32)
+    if not requantize:
+        # GMM_TP leaves w2 as it is but for putting its contracting axis last
+        np.testing.assert_array_equal(got["w2_weight"], np.swapaxes(w2, 1, 2))
+    else:
+        # requantized per output row (block = the whole intermediate axis): the
+        # dequantized weight is the checkpoint's, to fp8 precision
+        deq = w2 * np.repeat(np.repeat(host["w2_weight_scale"], BLOCK, 1), BLOCK, 2)
+        requant = got["w2_weight"] * np.swapaxes(got["w2_weight_scale"][:, :, 0, :], 1, 2).reshape(ME, 1, MD)
+        np.testing.assert_allclose(requant, np.swapaxes(deq, 1, 2), rtol=0.07, atol=1e-6)
+
+
+# Upstream, without a mesh set (the target NamedSharding's mesh is concrete):
+# with_sharding_constraint refuses a spec naming Explicit axes outright.
+WSC_EXPLICIT_SPEC = "The spec of NamedSharding passed to with_sharding_constraint can only refer to Auto axes of the mesh."
+
+
+def test_moe_weights_call_site_without_mesh_context(modules, monkeypatch):
+    patched, upstream = modules[MOE_WEIGHTS]
+    for requantize, site in ((False, "_process_moe_weights_no_requant"), (True, "_process_quantized_moe_weights_impl")):
+        assert_upstream_fails(lambda m: _moe_weights_outputs(upstream, m, requantize, monkeypatch, set_mesh=False),
+                              MESH, MOE_WEIGHTS, "process_quantized_moe_weights", site,
+                              exc=ValueError, match=WSC_EXPLICIT_SPEC)
+    # the patched code: the same numbers as with the mesh set, Explicit or Auto
+    explicit = _moe_weights_outputs(patched, make_mesh(MESH, "explicit"), False, monkeypatch, set_mesh=False)
+    auto = _moe_weights_outputs(patched, make_mesh(MESH, "auto"), False, monkeypatch, set_mesh=True)
+    for name in FIELDS:
+        np.testing.assert_array_equal(explicit[name], auto[name], err_msg=name)
