@@ -21,7 +21,14 @@ AssertionError, raised from that very function; the INSTALLED code runs under
 Explicit axes, gives the numbers it gives under Auto axes, and under Auto axes
 the very numbers upstream gives. Every input is sharded so that each
 constraint has to move data (which is also why upstream's assert fires: it
-only fires when the sharding differs).
+only fires when the sharding differs). Called without a mesh set (a
+NamedSharding on a concrete Explicit mesh), upstream's constraint raises a
+ValueError instead ("... can only refer to Auto axes of the mesh"): shown for
+moe_weights.py, whose callers may load weights outside `jax.set_mesh`.
+
+Not run here: the Pallas gmm_v2 branch of `sharded_quantized_matmul` (3-D/4-D
+scales; TPU only). Its constraint is the same line as the XLA branch's, which
+is run.
 """
 
 from __future__ import annotations
