@@ -28,6 +28,7 @@ class FileChange:
     binary: bool
     mode_change: bool
     has_hunks: bool
+    new_mode: str = ""  # the mode of a created file ("100644", "100755")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +69,14 @@ def _file_changes(path: pathlib.Path, diff: str):
         if m:
             if current:
                 yield _finish(path, current)
-            current = dict(old_path=m.group(1), path=m.group(2), pre=None, post=None, binary=False, mode_change=False, has_hunks=False)
+            current = dict(old_path=m.group(1), path=m.group(2), pre=None, post=None, binary=False, mode_change=False, has_hunks=False, new_mode="")
             continue
         if current is None:
             continue
         if (m := _INDEX.match(line)) and current["pre"] is None:
             current["pre"], current["post"] = m.group(1), m.group(2)
+        elif line.startswith("new file mode "):
+            current["new_mode"] = line.split()[-1]
         elif line.startswith(("old mode ", "new mode ")):
             current["mode_change"] = True
         elif line.startswith(("Binary files ", "GIT binary patch")):
@@ -93,7 +96,29 @@ def _finish(path: pathlib.Path, c: dict) -> FileChange:
             f"{path}: the 'index' line of {c['path']} has abbreviated blob ids; "
             "re-export the series with git format-patch --full-index."
         )
-    return FileChange(c["path"], c["old_path"], pre, post, c["binary"], c["mode_change"], c["has_hunks"])
+    return FileChange(c["path"], c["old_path"], pre, post, c["binary"], c["mode_change"], c["has_hunks"], c["new_mode"])
+
+
+def new_file_content(patch: PatchFile, relpath: str) -> bytes:
+    """The whole content of a file the patch creates (from /dev/null): the
+    + lines of its hunk, honouring "\\ No newline at end of file"."""
+    lines = patch.path.read_bytes().split(b"\n")
+    header = f"diff --git a/{relpath} b/{relpath}".encode()
+    try:
+        i = lines.index(header)
+    except ValueError:
+        raise OverlayError(f"{patch.path}: it does not create {relpath}.") from None
+    while not lines[i].startswith(b"@@ "):
+        i += 1
+    out: list[bytes] = []
+    for line in lines[i + 1 :]:
+        if line.startswith(b"+"):
+            out.append(line[1:] + b"\n")
+        elif line.startswith(b"\\") and out:
+            out[-1] = out[-1][:-1]
+        else:
+            break
+    return b"".join(out)
 
 
 def lint(patch: PatchFile) -> list[str]:

@@ -80,6 +80,8 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: str | 
                     _patch_ng(pin, patch, work)
                 if check_blobs:
                     _check_images(pin, patch, work, "post")
+                else:  # a created file's whole content is in the patch: check it on any tree
+                    _check_images(pin, dataclasses.replace(patch, files=tuple(c for c in patch.files if ZERO in (c.pre, c.post))), work, "post")
             applied.append(
                 AppliedPatch(
                     patch.name,
@@ -140,6 +142,7 @@ def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engi
         already = has_hunks and subprocess.run(["git", "apply", "-R", "--check", str(patch.path)], cwd=work, capture_output=True).returncode == 0
     else:
         found = _locate_hunks(_patch_ng_set(patch), work)
+        found += [(False, _blob_of(work, c.path) == c.post) for c in patch.files if c.pre == ZERO]
         already = bool(found) and all(post and not pre for pre, post in found)
     if already:
         raise OverlayError(
@@ -174,6 +177,9 @@ def _git_am(pin: Pin, patch: PatchFile, work: pathlib.Path) -> None:
 
 
 def _patch_ng_set(patch: PatchFile):
+    """patch-ng's parse of `patch`, with whole-file creations and deletions
+    taken out of it: patch-ng skips a file created from /dev/null and still
+    reports success, so those are done here (_create_and_delete)."""
     import patch_ng
 
     for change in patch.files:
@@ -186,7 +192,25 @@ def _patch_ng_set(patch: PatchFile):
     parsed = patch_ng.fromstring(patch.path.read_bytes())
     if not parsed or parsed.errors:
         raise OverlayError(f"{patch.name}: patch-ng cannot parse it ({getattr(parsed, 'errors', '?')} errors).")
+    parsed.items = [i for i in parsed.items if b"/dev/null" not in (i.source, i.target)]
     return parsed
+
+
+def _create_and_delete(pin: Pin, patch: PatchFile, work: pathlib.Path, *, dry_run: bool) -> None:
+    for change in patch.files:
+        path = work / change.path
+        if change.pre == ZERO:
+            if path.exists():
+                raise OverlayError(f"{pin.distribution}: {patch.name} creates {change.path}, which the source already has.")
+            if not dry_run:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(patchfile.new_file_content(patch, change.path))
+                os.chmod(path, 0o755 if change.new_mode == "100755" else 0o644)
+        elif change.post == ZERO:
+            if _blob_of(work, change.old_path) != change.pre:
+                raise OverlayError(f"{pin.distribution}: {patch.name} deletes {change.old_path}, which the source has changed or lacks.")
+            if not dry_run:
+                (work / change.old_path).unlink()
 
 
 def _locate_hunks(parsed, root: pathlib.Path) -> list[tuple[bool, bool]]:
@@ -240,14 +264,16 @@ def _patch_ng(pin: Pin, patch: PatchFile, work: pathlib.Path) -> None:
     # strip=0: patch-ng removes git's a/ and b/ prefixes by itself.
     # patch-ng applies file by file and can stop half-way: try on a scratch
     # copy first, so that `work` only ever sees a patch that applies whole.
+    _create_and_delete(pin, patch, work, dry_run=True)
     scratch = _scratch_copy(work, patch)
     try:
-        if parsed.apply(strip=0, root=str(scratch), fuzz=False) is not True:
+        if parsed.items and parsed.apply(strip=0, root=str(scratch), fuzz=False) is not True:
             raise OverlayError(
                 f"{pin.distribution}: {patch.name} does not apply to the source exactly (patch-ng, no fuzz). "
                 "Carry the series forward with scripts/rebase.sh, or fix the patch."
             )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if parsed.apply(strip=0, root=str(work), fuzz=False) is not True:
+    if parsed.items and parsed.apply(strip=0, root=str(work), fuzz=False) is not True:
         raise OverlayError(f"{pin.distribution}: {patch.name} applied on a trial copy but not on the tree.")
+    _create_and_delete(pin, patch, work, dry_run=False)

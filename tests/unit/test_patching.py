@@ -178,3 +178,27 @@ def test_patch_ng_refuses_a_binary_change_that_git_applies(upstream, series, tmp
         apply_series(pin, upstream.source(), tmp_path / "ng", engine="patch-ng")
     apply_series(pin, upstream.source(), tmp_path / "git", engine="git")
     assert (tmp_path / "git" / "pkg" / "blob.bin").read_bytes() == b"\0\1\2\3"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_created_and_deleted_files(upstream, series, tmp_path, engine):
+    """patch-ng skips a file created from /dev/null and still says success:
+    the engine must create it (and delete files) itself, exactly."""
+    def change(repo):
+        (repo / "pkg" / "new.py").write_text("def f():\n    return 1\n")
+        (repo / "pkg" / "tool.sh").write_text("#!/bin/sh\necho no newline at the end")
+        os.chmod(repo / "pkg" / "tool.sh", 0o755)
+        (repo / "pkg" / "run.sh").unlink()
+
+    series.add(change, "0001-files.patch")
+    pin = upstream.pin(["0001-files.patch"])
+    for from_pin in (True, False):
+        out = tmp_path / f"out-{from_pin}"
+        apply_series(pin, upstream.source(from_pin=from_pin), out, engine=engine)
+        assert (out / "pkg" / "new.py").read_text() == "def f():\n    return 1\n"
+        assert (out / "pkg" / "tool.sh").read_bytes() == b"#!/bin/sh\necho no newline at the end"
+        assert os.stat(out / "pkg" / "tool.sh").st_mode & 0o111
+        assert not (out / "pkg" / "run.sh").exists()
+    (upstream.tree / "pkg" / "new.py").write_text("someone else's\n")
+    with pytest.raises(OverlayError, match="new.py"):
+        apply_series(pin, upstream.source(from_pin=False), tmp_path / "clash", engine=engine)
