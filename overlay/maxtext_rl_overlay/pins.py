@@ -138,3 +138,14 @@ def select(project: Project, only: list[str] | None) -> list[Pin]:
     if unknown:
         raise OverlayError(f"--only: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(DISTRIBUTIONS)}.")
     return [project.pins[name] for name in DISTRIBUTIONS if name in only]
+
+
+def set_pin_values(path: pathlib.Path, values: dict[str, str]) -> None:
+    """Edit top-level `key = "value"` lines of a pin file in place: the
+    comments, the order and every other line stay as they are."""
+    text = path.read_text()
+    for key, value in values.items():
+        text, n = re.subn(rf'(?m)^({re.escape(key)}\s*=\s*)"[^"\n]*"', lambda m: f'{m.group(1)}"{value}"', text, count=1)
+        if n != 1:
+            raise OverlayError(f"{path}: no line `{key} = \"...\"` to update; restore the key, then run the rebase again.")
+    path.write_text(text)

@@ -44,7 +44,7 @@ import tomllib
 
 from . import patchfile, sources
 from .errors import OverlayError
-from .pins import DISTRIBUTIONS, Pin, load_project
+from .pins import DISTRIBUTIONS, Pin, load_project, set_pin_values
 from .progress import step
 
 APPLIED_CLEANLY = "applied cleanly"
@@ -556,17 +556,6 @@ def _report(root: pathlib.Path, state: dict) -> Report:
 # ---------------------------------------------------------------- writing
 
 
-def set_values(path: pathlib.Path, values: dict[str, str]) -> None:
-    """Edit top-level `key = "value"` lines of a pin file in place: the
-    comments, the order and every other line stay as they are."""
-    text = path.read_text()
-    for key, value in values.items():
-        text, n = re.subn(rf'(?m)^({re.escape(key)}\s*=\s*)"[^"\n]*"', lambda m: f'{m.group(1)}"{value}"', text, count=1)
-        if n != 1:
-            raise OverlayError(f"{path}: no line `{key} = \"...\"` to update; restore the key, then run the rebase again.")
-    path.write_text(text)
-
-
 def _write(root: pathlib.Path, state: dict) -> None:
     name = state["name"]
     work = _paths(root, name)["work"]
@@ -596,7 +585,7 @@ def _write(root: pathlib.Path, state: dict) -> None:
     date = _out("log", "-1", "--format=%cI", new_commit, git_dir=git_dir)
     version, why = VERSION_RULES[name](pin, git_dir, new_commit, date)
     new = {"commit": new_commit, "tree": _out("rev-parse", f"{new_commit}^{{tree}}", git_dir=git_dir), "date": date, "version": version}
-    set_values(pin.pin_file, new)
+    set_pin_values(pin.pin_file, new)
     state["new"] = new
     state["notes"].append(f"version {version}: {why}")
     if name == "tpu-inference":
@@ -614,7 +603,7 @@ def _vllm_lkg(root: pathlib.Path, state: dict, git_dir: pathlib.Path) -> None:
     elif lkg == current:
         state["notes"].append(f"vLLM: tpu-inference's CI verified {lkg[:12]} ({VLLM_LKG}), the vLLM pin already")
     elif state["apply_vllm_lkg"]:
-        set_values(vllm_pin, {"commit": lkg})
+        set_pin_values(vllm_pin, {"commit": lkg})
         state["notes"].append(
             f"vLLM: pin moved {current[:12]} -> {lkg[:12]} ({VLLM_LKG} at {new_commit[:12]}); its version and comments "
             f"in {vllm_pin} still describe the old commit: update them (git describe in a vLLM clone)"

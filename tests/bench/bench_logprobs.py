@@ -38,13 +38,10 @@ for _key, _value in (("TPU_ACCELERATOR_TYPE", "v6e-8"), ("TPU_NAME", "local"), (
     os.environ.setdefault(_key, _value)
 
 import importlib  # noqa: E402
-import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -54,7 +51,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixes"))
-from unpatched import _touched, series, unpatched_source  # noqa: E402
+from unpatched import load_before  # noqa: E402
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
 THIS_PATCH = "0002-"
@@ -72,22 +69,7 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
 
 def load_reshard_only():
     """sampling.py as 0001 left it: upstream + the series' patches before 0002."""
-    relpath = MODULE.replace(".", "/") + ".py"
-    patches = series("tpu-inference")
-    this = next(i for i, p in enumerate(patches) if p.name.startswith(THIS_PATCH))
-    keep = tempfile.mkdtemp(prefix="bench-reshard-")
-    target = pathlib.Path(keep) / relpath
-    target.parent.mkdir(parents=True)
-    target.write_text(unpatched_source("tpu-inference", MODULE))
-    for patch in patches[:this]:
-        if relpath in _touched(patch):
-            subprocess.run(["git", "apply", "--include", relpath, str(patch)], cwd=keep, check=True)
-    name = MODULE + "__reshard"
-    spec = importlib.util.spec_from_file_location(name, target)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = MODULE.rpartition(".")[0]
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    mod = load_before("tpu-inference", MODULE, THIS_PATCH, MODULE + "__reshard")
     assert "_gather_logprobs_vocab_sharded" not in vars(mod)
     return mod
 

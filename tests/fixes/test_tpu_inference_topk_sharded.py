@@ -21,12 +21,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import pathlib
 import re
-import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 if str(pathlib.Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K  # noqa: E402
-from unpatched import _touched, series, unpatched_source  # noqa: E402
+from unpatched import load_before  # noqa: E402
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
 THIS_PATCH = "0002-"  # the series' patch under test, by its number
@@ -66,41 +63,13 @@ def patched():
     return importlib.import_module(MODULE)
 
 
-def _reshard_source() -> str:
-    """sampling.py with the series up to, not including, 0002: 0001's code.
-
-    Upstream's file is rebuilt from the installed one (unpatched.py), then the
-    patches before 0002 that touch it are applied again, so later patches of
-    the series do not matter.
-    """
-    relpath = MODULE.replace(".", "/") + ".py"
-    patches = series("tpu-inference")
-    this = next(i for i, p in enumerate(patches) if p.name.startswith(THIS_PATCH))
-    earlier = [p for p in patches[:this] if relpath in _touched(p)]
-    with tempfile.TemporaryDirectory(prefix="reshard-") as tmp:
-        target = pathlib.Path(tmp) / relpath
-        target.parent.mkdir(parents=True)
-        target.write_text(unpatched_source("tpu-inference", MODULE))
-        for patch in earlier:
-            subprocess.run(["git", "apply", "--include", relpath, str(patch)], cwd=tmp, check=True)
-        return target.read_text()
-
-
 @pytest.fixture(scope="module")
-def reshard(tmp_path_factory):
+def reshard():
     """The 0001-only module, imported beside the installed one (shares every other module)."""
-    name = MODULE + "__reshard"
-    path = tmp_path_factory.mktemp("reshard") / (name + ".py")
-    path.write_text(_reshard_source())
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = MODULE.rpartition(".")[0]
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    mod = load_before("tpu-inference", MODULE, THIS_PATCH, MODULE + "__reshard")
     assert "_gather_logprobs_vocab_sharded" not in vars(mod)
-    assert "jax.sharding.reshard(" in path.read_text()  # 0001 is there
-    yield mod
-    del sys.modules[name]
+    assert "jax.sharding.reshard(" in pathlib.Path(mod.__file__).read_text()  # 0001 is there
+    return mod
 
 
 def make_mesh(shape, axis_type="explicit"):

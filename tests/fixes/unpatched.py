@@ -70,17 +70,45 @@ def unpatched_source(distribution: str, module: str) -> str:
         return target.read_text()
 
 
-def load_unpatched(distribution: str, module: str) -> types.ModuleType:
-    """Import the upstream version of `module` as `<module>__unpatched`.
+def source_before(distribution: str, module: str, patch_prefix: str) -> str:
+    """The text of `module` as the series leaves it just before the patch
+    whose name starts with `patch_prefix`: upstream's, rebuilt from the
+    installed copy, with the earlier patches that touch it applied again (so
+    later patches of the series do not matter)."""
+    relpath = module.replace(".", "/") + ".py"
+    patches = series(distribution)
+    stop = next((i for i, p in enumerate(patches) if p.name.startswith(patch_prefix)), None)
+    if stop is None:
+        raise LookupError(f"no patch of patches/{distribution}/series starts with {patch_prefix!r}")
+    with tempfile.TemporaryDirectory(prefix="series-prefix-") as tmp:
+        target = pathlib.Path(tmp) / relpath
+        target.parent.mkdir(parents=True)
+        target.write_text(unpatched_source(distribution, module))
+        for patch in patches[:stop]:
+            if relpath in _touched(patch):
+                subprocess.run(["git", "apply", "--include", relpath, str(patch)], cwd=tmp, check=True, capture_output=True)
+        return target.read_text()
 
-    The rebuilt source is written to a file that lives as long as the process,
-    so tracebacks through the upstream code show its real lines.
-    """
-    name = module + "__unpatched"
+
+def load_unpatched(distribution: str, module: str) -> types.ModuleType:
+    """Import the upstream version of `module` as `<module>__unpatched`."""
+    return load_source(module + "__unpatched", module, unpatched_source(distribution, module))
+
+
+def load_before(distribution: str, module: str, patch_prefix: str, name: str) -> types.ModuleType:
+    """Import `module` as the series leaves it before `patch_prefix`, as `name`."""
+    return load_source(name, module, source_before(distribution, module, patch_prefix))
+
+
+def load_source(name: str, module: str, source: str) -> types.ModuleType:
+    """Import `source` as module `name`, in `module`'s package, beside it.
+
+    The source is written to a file that lives as long as the process, so
+    tracebacks through it show its real lines."""
     if name in sys.modules:
         return sys.modules[name]
     path = _keep_dir() / (name + ".py")
-    path.write_text(unpatched_source(distribution, module))
+    path.write_text(source)
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = module.rpartition(".")[0]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import tarfile
+
+from maxtext_rl_overlay.pins import set_pin_values
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GIT_ENV = {
@@ -53,9 +54,4 @@ def git_repo_of(tree: pathlib.Path) -> tuple[str, str, str]:
 
 
 def set_pin(project: pathlib.Path, dist: str, **values: str) -> None:
-    pin = project / "patches" / dist / "pin.toml"
-    text = pin.read_text()
-    for key, value in values.items():
-        text, n = re.subn(rf'(?m)^{key} = "[^"]*"', f'{key} = "{value}"', text, count=1)
-        assert n == 1, key
-    pin.write_text(text)
+    set_pin_values(project / "patches" / dist / "pin.toml", values)

@@ -13,7 +13,14 @@ import sys
 import time
 
 import pytest
-from pipeline_support import ROOT, build_standins, git_repo_of, run_tool, set_pin, unpack
+from pipeline_support import (
+    ROOT,
+    build_standins,
+    git_repo_of,
+    run_tool,
+    set_pin,
+    unpack,
+)
 
 pytestmark = pytest.mark.slow
 

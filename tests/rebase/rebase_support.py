@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import tomllib
+
+from maxtext_rl_overlay.pins import set_pin_values
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DRIFT = pathlib.Path(__file__).with_name("drift.toml")
@@ -119,12 +120,7 @@ def pin_of(repo: pathlib.Path, commit: str) -> dict[str, str]:
 
 
 def set_pin(project: pathlib.Path, dist: str, **values: str) -> None:
-    pin = project / "patches" / dist / "pin.toml"
-    text = pin.read_text()
-    for key, value in values.items():
-        text, n = re.subn(rf'(?m)^{key} = "[^"]*"', f'{key} = "{value}"', text, count=1)
-        assert n == 1, key
-    pin.write_text(text)
+    set_pin_values(project / "patches" / dist / "pin.toml", values)
 
 
 def rebase(project: pathlib.Path, *args: str) -> subprocess.CompletedProcess:

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import difflib
 import pathlib
-import shutil
 import tomllib
 
-import pytest
-from rebase_support import ROOT, commit_all, git, make_project, pin_of, rebase, row, set_pin, snapshot
-
 from maxtext_rl_overlay import patchfile
+from rebase_support import (
+    ROOT,
+    commit_all,
+    git,
+    make_project,
+    pin_of,
+    rebase,
+    row,
+    snapshot,
+)
 
 SAMPLING = "tpu_inference/layers/jax/sample/sampling.py"
 TPU = pathlib.Path("patches/tpu-inference")

@@ -10,7 +10,6 @@ import subprocess
 import tomllib
 
 import pytest
-
 from maxtext_rl_overlay import gittree, patchfile
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
