@@ -39,7 +39,6 @@ for _key, _value in (("TPU_ACCELERATOR_TYPE", "v6e-8"), ("TPU_NAME", "local"), (
 
 import importlib  # noqa: E402
 import pathlib  # noqa: E402
-import re  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -51,6 +50,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "fixes"))
+from logprobs_support import collective_bytes  # noqa: E402
 from unpatched import load_before  # noqa: E402
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
@@ -60,11 +60,6 @@ BATCHES = (8, 256)
 KS = (1, 20)
 MESH = (1, 8)
 WARMUP, RUNS = 2, int(os.environ.get("BENCH_RUNS", "15"))
-COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
-_COLLECTIVE_LINE = re.compile(r"^\s*\S+ = (.+?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", re.M)
-_SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
-          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
 
 def load_reshard_only():
@@ -74,12 +69,7 @@ def load_reshard_only():
     return mod
 
 
-def collective_bytes(compiled) -> int:
-    total = 0
-    for m in _COLLECTIVE_LINE.finditer(compiled.as_text()):
-        for dtype, dims in _SHAPE.findall(m.group(1)):
-            total += _BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
-    return total
+
 
 
 def median_seconds(compiled, *args) -> float:

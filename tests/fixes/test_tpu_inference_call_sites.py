@@ -216,7 +216,9 @@ E, K, FF = 4, 2, 32  # experts, experts per token, expert intermediate size
 def _moe_weights(mesh):
     """Unfused expert weights sharded over experts, as llama4/gpt_oss shard them
     (edf/efd_sharding ("model", None, None))."""
-    from tpu_inference.layers.common.process_weights.moe_weights import UnfusedMoEWeights
+    from tpu_inference.layers.common.process_weights.moe_weights import (
+        UnfusedMoEWeights,
+    )
 
     es = P("model", None, None)
     return UnfusedMoEWeights(

@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 # --import-mode=importlib puts no test directory on sys.path.
 if str(pathlib.Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from logprobs_support import COLLECTIVES, assert_same_result  # noqa: E402
 from matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K  # noqa: E402
 from unpatched import load_unpatched  # noqa: E402
 
@@ -43,7 +44,6 @@ FUNCTIONS = ("compute_and_gather_logprobs", "compute_and_gather_prompt_logprobs"
 B = 8  # the report's batch: float32[8@data,128256@model]
 V_REPORT = 128256  # Llama 3.1 vocabulary, the report's shape
 V_SMALL = 2048
-COLLECTIVES = ("all-gather", "all-to-all", "collective-permute", "all-reduce", "reduce-scatter")
 _COLLECTIVE_OP = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 
 # How the logits are laid out on the mesh. `VOCAB` is the mesh axis (or tuple
@@ -133,16 +133,6 @@ def reference(fn_name: str, v: int, dtype: str, k: int):
     device = jax.devices()[0]
     out = getattr(sampling, fn_name)(jax.device_put(logits, device), jax.device_put(tokens, device), k)
     return to_numpy(out)
-
-
-def assert_same_result(got, want, dtype: str, what: str):
-    ids, lps, ranks = got
-    want_ids, want_lps, want_ranks = want
-    np.testing.assert_array_equal(ids, want_ids, err_msg=f"{what}: token ids")
-    np.testing.assert_array_equal(ranks, want_ranks, err_msg=f"{what}: ranks")
-    # f32: a few ulps of the sharded vs single-device log-sum-exp; bf16: one ulp.
-    rtol = 1e-6 if dtype == "float32" else 2**-8
-    np.testing.assert_allclose(lps, want_lps, rtol=rtol, atol=1e-5, err_msg=f"{what}: logprobs")
 
 
 def collectives(compiled) -> dict[str, int]:

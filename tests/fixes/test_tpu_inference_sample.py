@@ -88,7 +88,9 @@ TOP_P = np.array([0.9, 0.8, 1.0, 1.0, 0.5, 1.0, 0.95, 0.7], np.float32)
 def metadata(mesh, do_sampling: bool):
     """As the runner builds it: per-request arrays sharded P(ATTN_DATA), dummy replicated."""
     from tpu_inference.layers.common.sharding import ShardingAxisName
-    from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
+    from tpu_inference.layers.jax.sample.sampling_metadata import (
+        TPUSupportedSamplingMetadata,
+    )
 
     def put(a, spec):
         return jax.device_put(a, NamedSharding(mesh, spec) if mesh is not None else jax.devices()[0])

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import importlib
 import pathlib
-import re
 import sys
 
 import jax
@@ -35,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 # --import-mode=importlib puts no test directory on sys.path.
 if str(pathlib.Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from logprobs_support import assert_same_result, collective_bytes, collective_shapes  # noqa: E402
 from matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K  # noqa: E402
 from unpatched import load_before  # noqa: E402
 
@@ -47,11 +47,6 @@ B_REPORT, V_REPORT = 256, 128256  # a decode batch with the Llama 3 vocabulary
 # The vocab axis over one mesh axis (batch sharded too) and over two (batch replicated).
 LAYOUTS = {"model": P("data", "model"), "data+model": P(None, ("data", "model"))}
 AXIS_TYPE = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
-COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
-_COLLECTIVE_LINE = re.compile(r"^\s*\S+ = (.+?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(", re.M)
-_SHAPE = re.compile(r"\b(pred|[su](?:8|16|32|64)|bf16|f16|f32|f64)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2,
-          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 
 
 # --------------------------------------------------------------------------
@@ -133,33 +128,9 @@ def reference(fn_name: str, dtype: str, k: int):
     return to_numpy(getattr(module, fn_name)(jax.device_put(x, device), jax.device_put(t, device), k))
 
 
-def assert_same_result(got, want, dtype: str, what: str):
-    ids, lps, ranks = got
-    want_ids, want_lps, want_ranks = want
-    np.testing.assert_array_equal(ids, want_ids, err_msg=f"{what}: token ids")
-    np.testing.assert_array_equal(ranks, want_ranks, err_msg=f"{what}: ranks")
-    # sharded log_softmax reduces in another order: f32 a few ulps, bf16 one ulp
-    rtol = 1e-6 if dtype == "float32" else 2**-8
-    np.testing.assert_allclose(lps, want_lps, rtol=rtol, atol=1e-5, err_msg=f"{what}: logprobs")
-
-
-def collective_bytes(compiled) -> int:
-    """Bytes of the results of every collective in the compiled HLO (async starts counted whole)."""
-    total = 0
-    for m in _COLLECTIVE_LINE.finditer(compiled.as_text()):
-        for dtype, dims in _SHAPE.findall(m.group(1)):
-            total += _BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
-    return total
-
-
 def largest_collective(compiled) -> int:
     """Elements of the largest array a collective yields."""
-    sizes = [
-        int(np.prod([int(d) for d in dims.split(",") if d]))
-        for m in _COLLECTIVE_LINE.finditer(compiled.as_text())
-        for _, dims in _SHAPE.findall(m.group(1))
-    ]
-    return max(sizes, default=0)
+    return max((n for _, n in collective_shapes(compiled)), default=0)
 
 
 # --------------------------------------------------------------------------

@@ -35,10 +35,9 @@ if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
 from matrix import AXIS_TYPES  # noqa: E402
-from unpatched import load_unpatched  # noqa: E402
-
 from tunix.generate import utils as patched  # noqa: E402
 from tunix.rl import reshard  # noqa: E402
+from unpatched import load_unpatched  # noqa: E402
 
 D, H, F = 8, 4, 16  # embed dim, head dim, mlp dim: tiny, the layer count matters
 SCAN_AXIS = 1  # transfer_state_directly's default, what MaxText uses
