@@ -41,7 +41,10 @@ def entry(pin: Pin, source: Source, version: str, wheel: pathlib.Path, series: l
         "pin": {"repository": pin.repository, "commit": pin.commit, "tree": pin.tree, "date": pin.date},
         "source": {"tree": source.tree, "commit": source.commit, "upstream_version": source.upstream_version},
         "wheel": {"filename": wheel.name, "sha256": sha256_file(wheel)},
-        "series": [dict(dataclasses.asdict(p), files=list(p.files), patch_id=patch_ids.get(p.name)) for p in series],
+        "series": [
+            dict(dataclasses.asdict(p), files=list(p.files), sha256=sha256_file(pin.directory / p.name), patch_id=patch_ids.get(p.name))
+            for p in series
+        ],
         "files": files,
     }
 

@@ -11,7 +11,6 @@ tree only the exact hunks (no fuzz) can be checked, and the result says so.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import pathlib
 import shutil
@@ -41,7 +40,6 @@ class AppliedPatch:
     name: str
     subject: str
     upstream_status: str
-    sha256: str
     blobs_checked: bool  # pre/post-image blob ids verified (pinned tree only)
     files: tuple[str, ...]
 
@@ -87,7 +85,6 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: str | 
                     patch.name,
                     patch.subject,
                     patch.trailers["Upstream-Status"],
-                    _sha256(patch.path),
                     check_blobs,
                     tuple(f.path for f in patch.files),
                 )
@@ -98,10 +95,6 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: str | 
         shutil.rmtree(work, ignore_errors=True)
         raise
     return applied
-
-
-def _sha256(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _blob_of(work: pathlib.Path, relpath: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import hashlib
 import importlib.metadata as md
 
 from packaging.utils import canonicalize_name
@@ -51,7 +50,7 @@ def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Find
         for relpath, sha in sorted(want["files"].items()):
             path = dist.locate_file(relpath)
             try:
-                found = hashlib.sha256(path.read_bytes()).hexdigest()
+                found = manifest.sha256_file(path)
             except OSError:
                 found = "missing"
             recorded = _record_hash(dist, relpath)
