@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The wheel test matrix. Usage: scripts/test-matrix.sh [--platform cpu|tpu] [--wheels DIR] [--quick]
-# Without --wheels it first builds them: from the pins where the upstream
-# repositories are reachable (MRL_SOURCES="NAME=PATH ..." or the network), and
-# otherwise, with --standins, from the PyPI releases in tests/standins.toml.
+# Without --wheels it first builds them: the upstreams MRL_SOURCES names
+# ("NAME=PATH ..."; a clone or mirror holding the pin) from their pins, the rest
+# from the network (git) with the CPU torch of the PyTorch index; with
+# --standins, the rest from the PyPI releases in tests/standins.toml and torch
+# from PyPI, all labelled as stand-ins (CI has neither GitHub nor that index).
 # MRL_WORK sets the work folder (default build/test-matrix); MRL_KEEP=1 keeps the venvs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,15 +21,13 @@ done
 work=${MRL_WORK:-$root/build/test-matrix}
 if [ -z "$wheels" ]; then
   wheels=$work/dist
-  args=()
+  args=() named=""
+  for s in ${MRL_SOURCES:-}; do args+=(--source "$s"); named+=" ${s%%=*} "; done
   if [ -n "$standins" ]; then
-    while IFS= read -r s; do args+=(--source "$s"); done < <("$root/.venv/bin/python" "$root/tests/standins.py")
-    args+=(--unpinned --only google-tunix,tpu-inference)
-  else
-    only=""
-    for s in ${MRL_SOURCES:-}; do args+=(--source "$s"); only+="${only:+,}${s%%=*}"; done
-    # Build what sources were given for (the vLLM pin needs GitHub); all without.
-    [ -z "$only" ] || args+=(--only "$only")
+    while IFS== read -r name path; do
+      case "$named" in *" $name "*) ;; *) args+=(--source "$name=$path") ;; esac
+    done < <("$root/.venv/bin/python" "$root/tests/standins.py")
+    args+=(--unpinned --torch-standin)
   fi
   "$root/scripts/build-wheels.sh" "${args[@]}" --out "$wheels" --constraints "$work/constraints.txt"
 fi

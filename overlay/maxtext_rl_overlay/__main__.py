@@ -48,6 +48,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             allow_unpinned=args.unpinned,
             engine=args.engine,
             python=args.python or sys.executable,
+            torch_standin=args.torch_standin,
         )
     )
     for name, sha in result.wheels.items():
@@ -56,15 +57,21 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from . import verify
+    from . import manifest, verify
 
-    findings = verify.check(require_pinned=args.require_pinned)
+    doc = manifest.load_installed()
+    findings = verify.check(doc, require_pinned=args.require_pinned)
+    if not args.no_imports:
+        findings += verify.check_imports(doc)
     print(verify.render(findings))
     bad = [f for f in findings if not f.ok]
     if bad:
-        print(f"\nverify: NO - {len(bad)} check(s) differ from the overlay build.", file=sys.stderr)
+        print(f"\nverify: NO - {len(bad)} check(s) failed.", file=sys.stderr)
+        for line in verify.explain(findings, doc):
+            print(f"  {line}", file=sys.stderr)
         return 1
-    print("\nverify: yes - the installed distributions are the overlay builds, patched files intact.")
+    what = "the installed distributions are the overlay builds, patched files intact"
+    print(f"\nverify: yes - {what}" + ("." if args.no_imports else "; the stack imports."))
     return 0
 
 
@@ -110,7 +117,7 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
             raise OverlayError("--source PATH (the upstream being rebased) given twice.")
         opts = rebase.RebaseOptions(root, args.name, args.new_ref, source=own[0] if own else others.pop(args.name, None),
                                     build=args.build, build_sources=others, apply_vllm_lkg=args.apply_vllm_lkg,
-                                    run_tests=not args.no_tests)
+                                    run_tests=not args.no_tests, standins=args.standins)
         if args.find_base:
             print(rebase.render_base(args.name, rebase.find_base(opts)))
             return 0
@@ -134,13 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=pathlib.Path, help="where the index goes (default: dist/)")
     b.add_argument("--constraints", type=pathlib.Path, help="where constraints.txt goes (default: the project's)")
     b.add_argument("--unpinned", action="store_true", help="accept source trees that are not the pinned tree, labelled as such")
+    b.add_argument("--torch-standin", action="store_true",
+                   help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index is out of reach; labelled as a stand-in")
     b.add_argument("--engine", choices=("git", "patch-ng"), help="patch engine (default: git where installed)")
     b.add_argument("--python", help="interpreter for the builds and the resolver (default: this one)")
     b.add_argument("--project", type=pathlib.Path, help="the maxtext-rl-overlay checkout (default: found from the current folder)")
     b.set_defaults(func=_cmd_build)
 
     v = sub.add_parser("verify", help="check that the installed distributions are the overlay builds")
-    v.add_argument("--require-pinned", action="store_true", help="also fail on wheels built from stand-in (unpinned) sources")
+    v.add_argument("--require-pinned", action="store_true", help="also fail on stand-ins: wheels built from unpinned sources, PyPI's torch for the CPU build")
+    v.add_argument("--no-imports", action="store_true", help="check files and versions only; skip importing the stack in a fresh process")
     v.set_defaults(func=_cmd_verify)
 
     lint = sub.add_parser("lint", help="check every patch of every series for its trailers and format")
@@ -162,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--source", action="append", default=[], metavar="PATH|NAME=PATH",
                    help="a local git repository or mirror of the upstream; NAME=PATH: another upstream's source for --build")
     r.add_argument("--build", action="store_true", help="rebuild the wheels and constraints.txt from the new pins")
+    r.add_argument("--standins", action="store_true",
+                   help="--build with stand-ins where the real inputs are out of reach: build --unpinned --torch-standin")
     r.add_argument("--apply-vllm-lkg", action="store_true", help="tpu-inference: move the vLLM pin to the one its CI verified")
     r.add_argument("--find-base", action="store_true", help="report the newest commit before NEW_REF the series applies to")
     r.add_argument("--no-tests", action="store_true", help="skip the fast tests (tests/unit) at the end")

@@ -8,17 +8,19 @@ index and constraints.txt as they were."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
 import shutil
 import sys
 import tempfile
-import tomllib
+import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import manifest, patchfile, publish, sources, wheels
+from . import buildenv, environment, manifest, patchfile, publish, sources, wheels
+from .digest import sha256_file
 from .errors import OverlayError
 from .patching import apply_series
 from .pins import Pin, Project, load_project, select
@@ -36,6 +38,7 @@ class BuildOptions:
     engine: str | None = None  # patch engine; default git where installed
     python: str = sys.executable  # the interpreter the builds and the resolver use
     cache: pathlib.Path | None = None
+    torch_standin: bool = False  # PyPI's torch X for MaxText's X+cpu, labelled as a stand-in
 
 
 @dataclasses.dataclass
@@ -55,31 +58,41 @@ def build(opts: BuildOptions) -> BuildResult:
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
+    cache = opts.cache or sources.cache_root()
+    env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
     try:
         entries: dict[str, dict] = {}
         for pin in chosen:
-            entries[pin.distribution] = _build_upstream(project, pin, opts, staging)
-        overlay_wheel = _build_overlay(project, entries, [p for p in project.pins if p not in entries], staging, opts)
+            entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
+        not_built = [p for p in project.pins if p not in entries]
+        if not_built:
+            step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` will say the stack does not import")
+        adapter = _build_maxtext_adapter(env, staging, opts.python)
+        overlay_wheel = _build_overlay(project, entries, not_built, env, adapter, staging, opts.python)
         sums = publish.write_index(staging)
         find_links = _relative(out, constraints_path.parent)
-        requirement = f"maxtext-rl-overlay=={_wheel_version(overlay_wheel)}"
-        closure = publish.resolve_closure(staging, requirement, opts.python)
-        pinned = all(e["from_pin"] for e in entries.values())
-        note = (
-            "Built from the pins in patches/*/pin.toml."
-            if pinned
-            else "NOT built from the pins: stand-in sources for " + ", ".join(n for n, e in entries.items() if not e["from_pin"]) + "."
-        )
+        requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
+        closure = publish.resolve_closure(staging, requirement, opts.python, env)
+        standins = [n for n, e in entries.items() if not e["from_pin"]]
+        notes = [
+            "Built from the pins in patches/*/pin.toml." if not standins
+            else "NOT built from the pins: stand-in sources for " + ", ".join(standins) + " (see verify).",
+            env.torch.describe() + ".",
+        ]
+        if env.overrides:
+            (staging / publish.STANDIN_OVERRIDES).write_text(publish.overrides_text(env))
         # The index carries its own copy (find-links ".") so that the folder
         # alone is a complete release: uv pip install -c dist/constraints.txt ...
-        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, ".", note=note))
-        text = publish.constraints_text(closure, sums, find_links, note=note)
+        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, ".", notes=notes, env=env))
+        text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env)
         publish.replace_dir(staging, out)
         publish.write_atomically(constraints_path, text)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    for note in notes:
+        step.note("build", note)
     step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")
     return BuildResult(out, constraints_path, sums, {n: e["from_pin"] for n, e in entries.items()})
 
@@ -93,8 +106,8 @@ def _wheel_version(wheel: pathlib.Path) -> str:
     return str(parse_wheel_filename(wheel.name)[1])
 
 
-def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, staging: pathlib.Path) -> dict:
-    source = sources.obtain(pin, opts.sources.get(pin.distribution), allow_unpinned=opts.allow_unpinned, cache=opts.cache)
+def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environment.Environment, staging: pathlib.Path, cache: pathlib.Path) -> dict:
+    source = sources.obtain(pin, opts.sources.get(pin.distribution), allow_unpinned=opts.allow_unpinned, cache=cache)
     if source.from_pin:
         version = wheels.wheel_version(pin.version, project.local_label)
     else:
@@ -108,9 +121,11 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, staging: pat
             step.note(pin.distribution, "empty series: nothing to apply")
         wheels.set_static_version(tree, version)
         wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution, pin.requirement_files)
-        env = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
+        build_env = buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache) if pin.needs_torch else None
+        variables = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
         date = pin.date or source.date
-        wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=env, epoch=wheels.commit_epoch(date), python=opts.python)
+        wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=variables, epoch=wheels.commit_epoch(date),
+                                   python=opts.python, build_env=build_env)
     name, got = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
     if got != version or name != canonicalize_name(pin.distribution):
         raise OverlayError(
@@ -119,14 +134,41 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, staging: pat
         )
     patch_ids = {p.name: patchfile.patch_id(p) for p in pin.series} if shutil.which("git") else {}
     step.note(pin.distribution, f"built {wheel.name}")
-    return manifest.entry(pin, source, version, wheel, applied, patch_ids)
+    entry = manifest.entry(pin, source, version, wheel, applied, patch_ids)
+    if build_env is not None:
+        entry["built_against"] = {"torch": build_env.torch, "cuda": build_env.cuda}
+    return entry
 
 
-def _build_overlay(project: Project, entries: dict[str, dict], not_built: list[str], staging: pathlib.Path, opts: BuildOptions) -> pathlib.Path:
+def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str) -> dict | None:
+    """MaxText's vLLM plugin, as a wheel made from the release's own folder,
+    unchanged: what install_tpu_post_train_extra_deps installs from it."""
+    if not env.vllm_adapter:
+        return None
+    folder = env.vllm_adapter.strip("/") + "/"
+    with tempfile.TemporaryDirectory(prefix="mrl-adapter-") as tmp:
+        tree = pathlib.Path(tmp) / "adapter"
+        with zipfile.ZipFile(env.release) as zf:
+            members = [n for n in zf.namelist() if n.startswith(folder) and not n.endswith("/")]
+            if not any(n == folder + "setup.py" for n in members):
+                raise OverlayError(f"{env.release.name} has no {folder}setup.py: fix vllm-adapter in [tool.maxtext-rl-overlay.maxtext].")
+            for name in members:
+                dest = tree / name[len(folder):]
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(zf.read(name))
+        wheel = wheels.build_wheel(tree, staging, who="maxtext-vllm-adapter", env={}, epoch=wheels.commit_epoch(None), python=python)
+    name, version = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
+    step.note("maxtext-vllm-adapter", f"built {wheel.name} from {env.release.name}:{folder}")
+    return {"name": name, "version": version, "wheel": {"filename": wheel.name, "sha256": sha256_file(wheel)},
+            "source": f"{env.release.name}:{folder}"}
+
+
+def _build_overlay(project: Project, entries: dict[str, dict], not_built: list[str], env: environment.Environment,
+                   adapter: dict | None, staging: pathlib.Path, python: str) -> pathlib.Path:
     """The maxtext-rl-overlay wheel: our code, the manifest, and exact
     dependencies on the overlay builds just made."""
     root = project.root
-    meta = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    meta = project.metadata
     with tempfile.TemporaryDirectory(prefix="mrl-overlay-") as tmp:
         tree = pathlib.Path(tmp) / "maxtext-rl-overlay"
         tree.mkdir()
@@ -137,9 +179,14 @@ def _build_overlay(project: Project, entries: dict[str, dict], not_built: list[s
         new, count = re.subn(r"(?ms)^dependencies = \[.*?\]\n", "dependencies = [\n" + "".join(f'  "{d}",\n' for d in deps) + "]\n", text, count=1)
         if count != 1:
             raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the [project] dependencies list to pin the overlay builds.")
+        if adapter:
+            extra = list(meta["optional-dependencies"][env.extra]) + [f"{adapter['name']}=={adapter['version']}"]
+            new, count = re.subn(rf"(?m)^{re.escape(env.extra)} = \[.*\]\n", f"{env.extra} = {json.dumps(extra)}\n", new, count=1)
+            if count != 1:
+                raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the one-line `{env.extra} = [...]` extra to add MaxText's vLLM plugin to.")
         (tree / "pyproject.toml").write_text(new)
-        doc = manifest.dumps(entries, overlay_version=meta["version"], revision=project.revision, not_built=not_built)
+        doc = manifest.dumps(entries, overlay_version=meta["version"], revision=project.revision, not_built=not_built, env=env, adapter=adapter)
         (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(doc)
         # The newest pinned commit date: the same on every machine.
         epoch = max((wheels.commit_epoch(e["pin"]["date"]) for e in entries.values() if e["pin"]["date"]), key=int, default=wheels.commit_epoch(None))
-        return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=opts.python)
+        return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=python)

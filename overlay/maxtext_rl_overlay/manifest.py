@@ -12,19 +12,20 @@ import hashlib
 import json
 import pathlib
 import zipfile
+from typing import TYPE_CHECKING
 from importlib import resources
 
+from .digest import sha256_file
 from .errors import OverlayError
 from .patching import AppliedPatch
 from .pins import Pin
 from .sources import Source
 
+if TYPE_CHECKING:
+    from .environment import Environment
+
 FORMAT = 1
 RESOURCE = "manifest.json"
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def entry(pin: Pin, source: Source, version: str, wheel: pathlib.Path, series: list[AppliedPatch], patch_ids: dict[str, str]) -> dict:
@@ -37,6 +38,7 @@ def entry(pin: Pin, source: Source, version: str, wheel: pathlib.Path, series: l
         files = {f: hashlib.sha256(zf.read(f)).hexdigest() for f in touched if f in names}
     return {
         "version": version,
+        "import_package": pin.import_package,
         "from_pin": source.from_pin,
         "pin": {"repository": pin.repository, "commit": pin.commit, "tree": pin.tree, "date": pin.date},
         "source": {"tree": source.tree, "commit": source.commit, "upstream_version": source.upstream_version},
@@ -49,12 +51,23 @@ def entry(pin: Pin, source: Source, version: str, wheel: pathlib.Path, series: l
     }
 
 
-def dumps(distributions: dict[str, dict], *, overlay_version: str, revision: int, not_built: list[str]) -> str:
+def dumps(distributions: dict[str, dict], *, overlay_version: str, revision: int, not_built: list[str], env: Environment, adapter: dict | None) -> str:
+    torch = env.torch
     doc = {
         "format": FORMAT,
         "overlay": {"version": overlay_version, "revision": revision},
         "distributions": distributions,
         "not_built": sorted(not_built),
+        # The environment the closure was resolved for: what `verify` checks
+        # beyond our wheels, and how it tells the user to restore them.
+        "environment": {
+            "maxtext": env.maxtext,
+            "extra": env.extra,
+            "torch": {"version": torch.version, "wanted": torch.wanted, "standin": torch.standin,
+                      "torchvision": torch.torchvision},
+            # MaxText's vLLM plugin, built from the release: installed by the extra.
+            "maxtext_vllm_adapter": adapter,
+        },
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 

@@ -5,6 +5,7 @@ patch series. Read once from patches/<dist>/pin.toml and patches/<dist>/series
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import pathlib
 import re
 import tomllib
@@ -33,6 +34,9 @@ class Pin:
     requirement_files: tuple[str, ...]  # where the overrides look (tree-relative)
     directory: pathlib.Path  # patches/<dist>/
     series: tuple[pathlib.Path, ...]
+    # Built against the closure's torch (C++ extensions link it): without
+    # build isolation, in a build environment holding exactly that torch.
+    needs_torch: bool = False
 
     @property
     def pin_file(self) -> pathlib.Path:
@@ -44,6 +48,8 @@ class Project:
     root: pathlib.Path
     revision: int
     pins: dict[str, Pin]
+    metadata: dict  # pyproject.toml's [project] table
+    config: dict  # pyproject.toml's [tool.maxtext-rl-overlay] table
 
     @property
     def local_label(self) -> str:
@@ -86,6 +92,21 @@ def read_series(directory: pathlib.Path) -> tuple[pathlib.Path, ...]:
     return tuple(paths)
 
 
+_PIN_KEYS = {"distribution", "import-package", "repository", "commit", "tree", "date", "version", "build"}
+_BUILD_KEYS = {"env", "requirements", "requirement-files", "torch"}
+
+
+def _refuse_unknown(found: set[str], known: set[str], where: str) -> None:
+    """A misspelt key would otherwise fall back to a default silently."""
+    unknown = sorted(found - known)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise OverlayError(f"{where}: unknown key(s) {', '.join(hints)}; known: {', '.join(sorted(known))}.")
+
+
 def read_pin(directory: pathlib.Path) -> Pin:
     pin_file = directory / "pin.toml"
     try:
@@ -94,6 +115,8 @@ def read_pin(directory: pathlib.Path) -> Pin:
         raise OverlayError(f"{pin_file} is missing.") from None
     except tomllib.TOMLDecodeError as exc:
         raise OverlayError(f"{pin_file} is not valid TOML: {exc}") from None
+    _refuse_unknown(set(data), _PIN_KEYS, str(pin_file))
+    _refuse_unknown(set(data.get("build", {})), _BUILD_KEYS, f"{pin_file} [build]")
     try:
         build = data.get("build", {})
         pin = Pin(
@@ -107,6 +130,7 @@ def read_pin(directory: pathlib.Path) -> Pin:
             build_env=dict(build.get("env", {})),
             requirement_overrides=dict(build.get("requirements", {})),
             requirement_files=tuple(build.get("requirement-files", DEFAULT_REQUIREMENT_FILES)),
+            needs_torch=bool(build.get("torch", False)),
             directory=directory,
             series=read_series(directory),
         )
@@ -123,11 +147,13 @@ def load_project(root: pathlib.Path) -> Project:
     """Read pyproject.toml's overlay revision and every pin below patches/."""
     pyproject = root / "pyproject.toml"
     try:
-        revision = tomllib.loads(pyproject.read_text())["tool"]["maxtext-rl-overlay"]["revision"]
+        doc = tomllib.loads(pyproject.read_text())
+        config = doc["tool"]["maxtext-rl-overlay"]
+        revision = config["revision"]
     except (FileNotFoundError, KeyError):
         raise OverlayError(f"{pyproject} lacks [tool.maxtext-rl-overlay] revision: is {root} the project?") from None
     pins = {name: read_pin(root / "patches" / name) for name in DISTRIBUTIONS}
-    return Project(root=root, revision=int(revision), pins=pins)
+    return Project(root=root, revision=int(revision), pins=pins, metadata=doc["project"], config=config)
 
 
 def select(project: Project, only: list[str] | None) -> list[Pin]:

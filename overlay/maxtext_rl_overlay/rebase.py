@@ -83,6 +83,7 @@ class RebaseOptions:
     source: str | None = None  # a local git repository or mirror of the upstream
     build: bool = False  # rebuild the wheels and constraints.txt at the end
     build_sources: dict[str, str] = dataclasses.field(default_factory=dict)  # the other upstreams, for --build
+    standins: bool = False  # --build as `build --unpinned --torch-standin`: stand-ins where the real inputs are out of reach
     apply_vllm_lkg: bool = False
     run_tests: bool = True
     cache: pathlib.Path | None = None
@@ -370,6 +371,7 @@ def start(opts: RebaseOptions) -> Report:
         "source": opts.source,
         "build": opts.build,
         "build_sources": opts.build_sources,
+        "standins": opts.standins,
         "apply_vllm_lkg": opts.apply_vllm_lkg,
         "run_tests": opts.run_tests,
         "cache": str(cache),
@@ -469,7 +471,8 @@ def _run(root: pathlib.Path, state: dict, began: float) -> Report:
             given[name] = state["source"]
         with step(name, "building the wheels and constraints.txt from the new pins"):
             try:
-                build(BuildOptions(project_root=root, sources=given, cache=pathlib.Path(state["cache"])))
+                build(BuildOptions(project_root=root, sources=given, cache=pathlib.Path(state["cache"]),
+                                   torch_standin=state.get("standins", False), allow_unpinned=state.get("standins", False)))
             except OverlayError as exc:
                 raise OverlayError(
                     f"{exc}\nThe rebased series and pin are written; the build failed, so constraints.txt is unchanged. "

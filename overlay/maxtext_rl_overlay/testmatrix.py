@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import pathlib
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ import xml.etree.ElementTree as ET
 
 from .errors import OverlayError
 from .progress import step
+from .publish import STANDIN_OVERRIDES
 
 PLATFORMS = ("cpu", "tpu")
 
@@ -28,9 +30,9 @@ PLATFORMS = ("cpu", "tpu")
 class Cell:
     name: str
     python: str  # "3.12"
+    install: str  # the README marker of the command that makes the venv: <!-- install -->
     env: dict[str, str]
-    vllm_standin: str | None  # installed --no-deps when the index has no vllm wheel
-    vllm_deps: tuple[str, ...]  # what importing that stand-in needs
+    runs: dict[str, dict[str, str]]  # run name -> extra environment; one pytest process each
 
 
 @dataclasses.dataclass
@@ -55,9 +57,42 @@ def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
     if quick:
         cells = [c for c in cells if c["name"] in table["quick"].get("cells", [c["name"] for c in cells])]
     return [
-        Cell(c["name"], c["python"], dict(c.get("env", {})), c.get("vllm-standin"), tuple(c.get("vllm-deps", ())))
+        Cell(c["name"], c["python"], c["install"], dict(c.get("env", {})), dict(c.get("runs", {"": {}})))
         for c in cells
     ]
+
+
+def readme_command(project_root: pathlib.Path, marker: str) -> list[str]:
+    """The command the README shows under `<!-- marker -->` (the first line
+    of the fenced block that follows it): what a user runs, run as it is."""
+    readme = project_root / "README.md"
+    lines = readme.read_text().splitlines()
+    tag = f"<!-- {marker} -->"
+    try:
+        at = lines.index(tag)
+    except ValueError:
+        raise OverlayError(f"{readme} has no {tag} line marking the command of that matrix cell.") from None
+    block = lines[at + 1 :]
+    if not block or not block[0].startswith("```"):
+        raise OverlayError(f"{readme}: {tag} must be followed by a fenced code block holding the command.")
+    return shlex.split(block[1])
+
+
+def install_commands(command: list[str], constraints: pathlib.Path, venv_python: str) -> tuple[list[list[str]], str]:
+    """The README's `uv pip install -c constraints.txt ...` for this index and
+    venv, and a note on what was changed for a stand-in build: where the
+    index's torch is a stand-in (PyPI's build for MaxText's +cpu one), the
+    MaxText form needs the index's overrides file too."""
+    if command[:3] != ["uv", "pip", "install"] or "-c" not in command:
+        raise OverlayError(f"the README's matrix command must be `uv pip install -c constraints.txt ...`, not {' '.join(command)!r}.")
+    cmd = ["uv", "pip", "install", "--quiet", "-p", venv_python, *command[3:]]
+    cmd[cmd.index("-c") + 1] = str(constraints)
+    note = ""
+    overrides = constraints.parent / STANDIN_OVERRIDES
+    if overrides.is_file() and any("[" in arg for arg in command[3:]):
+        cmd += ["--override", str(overrides)]
+        note = f"the stand-in form: the index's torch is a stand-in, so MaxText's torch==X+cpu is replaced by --override {STANDIN_OVERRIDES}"
+    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest"]], note
 
 
 def _python(version: str) -> str:
@@ -80,13 +115,13 @@ def run(project_root: pathlib.Path, wheels: pathlib.Path, work: pathlib.Path, *,
     constraints = wheels / "constraints.txt"
     if not constraints.is_file():
         raise OverlayError(f"{wheels} has no constraints.txt: give --wheels the index folder scripts/build-wheels.sh made.")
-    results = []
+    results: list[CellResult] = []
     for cell in load_cells(project_root, quick):
-        results.append(_run_cell(project_root, constraints, work / cell.name, cell, platform=platform, quick=quick, keep=keep))
+        results += _run_cell(project_root, constraints, work / cell.name, cell, platform=platform, quick=quick, keep=keep)
     return results
 
 
-def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path, cell: Cell, *, platform: str, quick: bool, keep: bool) -> CellResult:
+def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path, cell: Cell, *, platform: str, quick: bool, keep: bool) -> list[CellResult]:
     start = time.monotonic()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -94,40 +129,40 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", MRL_PLATFORM=platform, MRL_QUICK="1" if quick else "0", **cell.env)
     env.pop("PYTHONPATH", None)  # nothing but the venv's site-packages
     python = _python(cell.python)
+    vpy = str(venv / "bin" / "python")
+    results = []
     try:
-        with step(cell.name, f"fresh venv (Python {cell.python}) from {constraints}"):
-            vpy = str(venv / "bin" / "python")
-            cmds = [
-                ["uv", "venv", "--quiet", "-p", python, str(venv)],
-                ["uv", "pip", "install", "--quiet", "-p", vpy, "-c", str(constraints), "maxtext-rl-overlay", "pytest"],
-            ]
-            if not any(constraints.parent.glob("vllm-*.whl")) and cell.vllm_standin:
-                step.note(cell.name, f"NOTE: the index has no vllm wheel (the vLLM pin needs GitHub to build); "
-                                     f"installing the stand-in {cell.vllm_standin} --no-deps so that tpu_inference imports")
-                cmds += [
-                    ["uv", "pip", "install", "--quiet", "-p", vpy, "-c", str(constraints), *cell.vllm_deps],
-                    ["uv", "pip", "install", "--quiet", "-p", vpy, "--no-deps", cell.vllm_standin],
-                ]
-            for cmd in cmds:
+        readme = readme_command(root, cell.install)
+        with step(cell.name, f"fresh venv (Python {cell.python}): {' '.join(readme)}"):
+            commands, note = install_commands(readme, constraints, vpy)
+            if note:
+                step.note(cell.name, note)
+            for cmd in [["uv", "venv", "--quiet", "-p", python, str(venv)], *commands]:
                 if subprocess.run(cmd, env=env).returncode != 0:
-                    raise OverlayError(f"{cell.name}: {' '.join(cmd[:3])} failed (see above); the cell cannot run.")
+                    raise OverlayError(f"{cell.name}: {' '.join(cmd)} failed (see above); the cell cannot run.")
         with step(cell.name, "maxtext-rl-overlay verify"):
             verified = subprocess.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify"], env=env, cwd=work, capture_output=True, text=True)
         print(verified.stdout + verified.stderr, file=sys.stderr, flush=True)
-        result = CellResult(cell.name, "yes" if verified.returncode == 0 else "NO")
-        junit = work / "junit.xml"
-        with step(cell.name, "patched-behaviour suite (tests/fixes)"):
-            subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pytest", str(root / "tests" / "fixes"), "-p", "no:cacheprovider",
-                 f"--junitxml={junit}", f"--rootdir={root}", "-q"],
-                env=env, cwd=work,
-            )
-        _count(result, junit)
+        for run_name, run_env in cell.runs.items():
+            label = f"{cell.name}/{run_name}" if run_name else cell.name
+            result = CellResult(label, "yes" if verified.returncode == 0 else "NO")
+            junit = work / f"junit{'-' + run_name if run_name else ''}.xml"
+            began = time.monotonic()
+            with step(label, "patched-behaviour suite (tests/fixes)" + (f" with {run_env}" if run_env else "")):
+                subprocess.run(
+                    [vpy, "-m", "pytest", str(root / "tests" / "fixes"), "-p", "no:cacheprovider",
+                     f"--junitxml={junit}", f"--rootdir={root}", "-q"],
+                    env=dict(env, **run_env), cwd=work,
+                )
+            _count(result, junit)
+            result.seconds = time.monotonic() - began
+            results.append(result)
     finally:
         if not keep:
-            shutil.rmtree(venv, ignore_errors=True)  # a venv is ~6 GB of links and copies
-    result.seconds = time.monotonic() - start
-    return result
+            shutil.rmtree(venv, ignore_errors=True)  # a venv is ~6-10 GB of links and copies
+    if results:
+        results[0].seconds += time.monotonic() - start - sum(r.seconds for r in results)  # the install and verify
+    return results
 
 
 def _count(result: CellResult, junit: pathlib.Path) -> None:

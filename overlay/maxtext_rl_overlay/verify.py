@@ -1,21 +1,42 @@
-"""Stage 5, on the target machine: are the installed distributions the
-overlay builds, with every file the series touches intact?"""
+"""Stage 5, on the target machine: is the installed stack the overlay's, and
+does it work? Three questions, each a list of findings:
+
+1. files: are the installed distributions the overlay builds, with every file
+   the series touches intact (on disk and in the installer's RECORD)?
+2. environment: is torch the closure's (and is it a stand-in)?
+3. imports: do the packages the overlay vouches for import, in a fresh
+   process (a stack whose files are intact can still lack a dependency)?
+
+A distribution replaced by another build of the same upstream (what MaxText's
+install_tpu_post_train_extra_deps does: it installs the three upstreams from
+GitHub with --no-deps) is recognised and explained, with the command that
+restores the overlay."""
 
 from __future__ import annotations
 
 import base64
 import dataclasses
 import importlib.metadata as md
+import json
+import os
+import subprocess
+import sys
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from . import manifest
+from .digest import sha256_file
+
+#: How long the import check may take (tpu_inference alone imports vLLM,
+#: torch and transformers: 25-35 s on a small machine).
+IMPORT_TIMEOUT = 900
 
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
     distribution: str
-    what: str  # "version", a file path, or "source"
+    what: str  # "version", a file path, "source", "import <module>", ...
     expected: str
     found: str
     ok: bool
@@ -29,6 +50,31 @@ def _record_hash(dist: md.Distribution, relpath: str) -> str | None:
     return None
 
 
+def _origin(dist: md.Distribution) -> str:
+    """Where the installer took a distribution from (PEP 610), if it says."""
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        direct = {}
+    url = direct.get("url", "")
+    vcs = direct.get("vcs_info", {})
+    return f"{vcs.get('vcs', '')}+{url}@{vcs.get('commit_id', '')}" if vcs else url
+
+
+def _replaced(name: str, want: str, found: str, dist: md.Distribution) -> str:
+    """The found version, explained when another build took our place."""
+    try:
+        ours, theirs = Version(want), Version(found)
+    except InvalidVersion:
+        return found
+    if theirs.local and theirs.local.startswith("mrl."):
+        return f"{found} (another overlay build: install the constraints this one came with)"
+    origin = _origin(dist)
+    how = f" from {origin}" if origin else ""
+    same = "the same upstream" if theirs.public == ours.public or origin else "an upstream"
+    return f"{found}: REPLACED by {same} build, not the overlay's{how}"
+
+
 def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Finding]:
     doc = doc if doc is not None else manifest.load_installed()
     findings: list[Finding] = []
@@ -40,7 +86,8 @@ def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Find
             continue
         if canonicalize_name(dist.metadata["Name"]) != canonicalize_name(name):
             findings.append(Finding(name, "name", name, dist.metadata["Name"], False))
-        findings.append(Finding(name, "version", want["version"], dist.version, dist.version == want["version"]))
+        same = dist.version == want["version"]
+        findings.append(Finding(name, "version", want["version"], dist.version if same else _replaced(name, want["version"], dist.version, dist), same))
         if want["from_pin"]:
             findings.append(Finding(name, "source", f"pin {want['pin']['commit'][:12]}", f"pin {want['pin']['commit'][:12]}", True))
         else:
@@ -50,7 +97,7 @@ def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Find
         for relpath, sha in sorted(want["files"].items()):
             path = dist.locate_file(relpath)
             try:
-                found = manifest.sha256_file(path)
+                found = sha256_file(path)
             except OSError:
                 found = "missing"
             recorded = _record_hash(dist, relpath)
@@ -58,7 +105,102 @@ def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Find
             if found == sha and recorded != sha:
                 found = f"{found[:12]} (RECORD says {recorded[:12] if recorded else 'nothing'}: not installed from the overlay wheel)"
             findings.append(Finding(name, relpath, sha, found, ok))
+    findings += check_environment(doc, require_pinned=require_pinned)
     return findings
+
+
+def check_environment(doc: dict, *, require_pinned: bool = False) -> list[Finding]:
+    """The closure's torch: the version the vLLM extensions were built
+    against, and whether it is the CPU build or PyPI's stand-in."""
+    env = doc.get("environment", {})
+    findings = []
+    torch = env.get("torch")
+    if torch:
+        found = _version("torch")
+        want = torch["version"]
+        label = f"{want} (STAND-IN for {torch['wanted']}: PyPI's CUDA build)" if torch["standin"] else want
+        findings.append(Finding("torch", "version", label, found, found == want and not (torch["standin"] and require_pinned)))
+    adapter = env.get("maxtext_vllm_adapter")
+    if adapter and _maxtext_installed():
+        # With MaxText, its vLLM plugin must be there (vLLM's engine processes
+        # find MaxTextForCausalLM through it), built from the same release.
+        found = _version(adapter["name"])
+        findings.append(Finding(adapter["name"], "version", adapter["version"], found, found == adapter["version"]))
+    return findings
+
+
+def _version(name: str) -> str:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def _maxtext_installed() -> bool:
+    return _version("maxtext") != "not installed"
+
+
+def import_modules(doc: dict) -> dict[str, str]:
+    """What the overlay vouches for, module -> distribution: every
+    distribution's import package, and each module its series patches."""
+    modules: dict[str, str] = {}
+    for name, want in sorted(doc["distributions"].items()):
+        modules[want["import_package"]] = name
+        for relpath in sorted(want["files"]):
+            if relpath.endswith(".py"):
+                modules.setdefault(relpath[: -len(".py")].replace("/", ".").removesuffix(".__init__"), name)
+    adapter = doc.get("environment", {}).get("maxtext_vllm_adapter")
+    if adapter and _maxtext_installed():
+        modules["maxtext_vllm_adapter"] = adapter["name"]
+    return modules
+
+
+# Run in a fresh interpreter: each import's outcome as one JSON line.
+_IMPORTER = """
+import importlib, json, sys, traceback
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        print(json.dumps([name, ""]), flush=True)
+    except BaseException as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        print(json.dumps([name, f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"]), flush=True)
+"""
+
+
+def check_imports(doc: dict | None = None, *, python: str = sys.executable) -> list[Finding]:
+    doc = doc if doc is not None else manifest.load_installed()
+    modules = import_modules(doc)
+    try:
+        proc = subprocess.run([python, "-c", _IMPORTER, *modules], capture_output=True, text=True, timeout=IMPORT_TIMEOUT,
+                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    except subprocess.TimeoutExpired:
+        return [Finding(d, f"import {m}", "imported", f"timed out after {IMPORT_TIMEOUT} s", False) for m, d in modules.items()]
+    done: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        try:
+            module, error = json.loads(line)
+        except ValueError:
+            continue  # a package printing to stdout while it imports
+        done[module] = error
+    findings = []
+    for module, dist in modules.items():
+        if module not in done:
+            tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            findings.append(Finding(dist, f"import {module}", "imported", f"the interpreter died: {tail}", False))
+        else:
+            findings.append(Finding(dist, f"import {module}", "imported", done[module] or "imported", not done[module]))
+    return findings
+
+
+def restore_command(doc: dict) -> str:
+    """The command that puts the overlay back after another installer
+    replaced part of it (the user's own install command, as constraints.txt
+    pins our builds exactly)."""
+    env = doc.get("environment", {})
+    target = f'"maxtext-rl-overlay[{env.get("extra", "maxtext")}]"' if _maxtext_installed() else "maxtext-rl-overlay"
+    override = " --override torch-standin-overrides.txt" if env.get("torch", {}).get("standin") and "[" in target else ""
+    return f"uv pip install -c constraints.txt{override} {target}"
 
 
 def render(findings: list[Finding]) -> str:
@@ -68,3 +210,20 @@ def render(findings: list[Finding]) -> str:
         rows.append((f.distribution, f.what, short(f.expected), short(f.found), "ok" if f.ok else "DIFFERS"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def explain(findings: list[Finding], doc: dict) -> list[str]:
+    """What the user should know and do, in sentences, for what failed."""
+    lines = []
+    replaced = [f for f in findings if f.what == "version" and "REPLACED" in f.found]
+    if replaced:
+        lines.append(
+            f"{', '.join(f.distribution for f in replaced)} {'was' if len(replaced) == 1 else 'were'} replaced by builds "
+            "that are not the overlay's, without its fixes. MaxText's install_tpu_post_train_extra_deps does this "
+            "(it installs the upstreams from GitHub with --no-deps): the overlay replaces that step, so do not run it."
+        )
+        lines.append(f"Restore the overlay with (the constraints file you installed from): {restore_command(doc)}")
+    failed = [f for f in findings if f.what.startswith("import ") and not f.ok]
+    if failed:
+        lines.append(f"The stack does not import: {failed[0].what} failed with {failed[0].found}.")
+    return lines

@@ -19,11 +19,9 @@ from importlib import resources
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from .buildenv import BUILD_CONSTRAINTS, BuildEnv
 from .errors import OverlayError
 from .progress import step
-
-BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
-
 
 def wheel_version(upstream_version: str, local_label: str) -> str:
     return f"{upstream_version}+{local_label}"
@@ -91,20 +89,29 @@ def commit_epoch(commit_date_iso: str | None) -> str:
     return str(int(datetime.datetime.fromisoformat(commit_date_iso).timestamp()))
 
 
-def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dict[str, str], epoch: str, python: str) -> pathlib.Path:
-    """`uv build --wheel` of `tree` into `out_dir`; returns the wheel's path."""
+def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dict[str, str], epoch: str, python: str,
+                build_env: BuildEnv | None = None) -> pathlib.Path:
+    """`uv build --wheel` of `tree` into `out_dir`; returns the wheel's path.
+
+    With `build_env`, the build runs without isolation in that prepared
+    environment (a distribution whose extensions link the closure's torch)."""
     uv = shutil.which("uv")
     if uv is None:
         raise OverlayError("uv is not installed; install it (pip install uv) to build wheels.")
+    # Compiled code records source paths (debug info, __FILE__): map the
+    # build's temporary folder away, so that the bytes do not depend on it.
+    prefix_map = f"-ffile-prefix-map={tree}=."
+    flags = {var: f"{os.environ.get(var, '')} {prefix_map}".strip() for var in ("CFLAGS", "CXXFLAGS")}
     with tempfile.TemporaryDirectory(prefix="mrl-wheel-") as tmp, resources.as_file(BUILD_CONSTRAINTS) as constraints:
-        full_env = dict(os.environ, **env, SOURCE_DATE_EPOCH=epoch, PYTHONHASHSEED="0", UV_PYTHON_DOWNLOADS="never")
+        full_env = dict(os.environ, **flags, **env, SOURCE_DATE_EPOCH=epoch, PYTHONHASHSEED="0", UV_PYTHON_DOWNLOADS="never")
+        cmd = [uv, "build", "--wheel", "--no-progress", "--out-dir", tmp]
+        if build_env is None:
+            cmd += ["--python", python, "--build-constraint", str(constraints)]
+        else:
+            full_env.update(build_env.env)
+            cmd += ["--python", str(build_env.python), "--no-build-isolation"]
         with step(who, "building the wheel"):
-            proc = subprocess.run(
-                [uv, "build", "--wheel", "--no-progress", "--python", python, "--out-dir", tmp, "--build-constraint", str(constraints), str(tree)],
-                env=full_env,
-                capture_output=True,
-                text=True,
-            )
+            proc = subprocess.run([*cmd, str(tree)], env=full_env, capture_output=True, text=True)
         if proc.returncode != 0:
             tail = "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
             raise OverlayError(f"{who}: the wheel build failed:\n    {tail}")

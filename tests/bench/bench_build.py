@@ -7,6 +7,8 @@ Each NAME=PATH is a --source of the build (git mirror, tree or sdist). The
 overlay build is timed whole (sources from the warm cache, patching, wheels,
 overlay wheel, index, closure resolution); the baseline builds the very source
 trees the overlay build checked out, unpatched, one `uv build --wheel` each.
+The closure is resolved with PyPI's torch (--torch-standin): the PyTorch CPU
+index is out of reach where this runs.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def main(pairs: list[str]) -> None:
         tmp = pathlib.Path(tmp)
         cache = tmp / "cache"
         env = dict(os.environ, MRL_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never")
-        build = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--project", str(ROOT), "--unpinned",
+        build = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--project", str(ROOT), "--unpinned", "--torch-standin",
                  "--only", ",".join(names), "--out", str(tmp / "dist"), "--constraints", str(tmp / "constraints.txt")]
         for pair in pairs:
             build += ["--source", pair]

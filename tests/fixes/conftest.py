@@ -32,6 +32,17 @@ elif PLATFORM != "tpu":
     raise pytest.UsageError(f"MRL_PLATFORM must be cpu or tpu, not {PLATFORM!r}")
 
 
+def pytest_configure(config):
+    # The MaxText cell's second run: MaxText's module-level shims replace
+    # jax.lax functions for the whole process, as importing its Tunix adapter
+    # does in a train_rl run. Installed now, before any test module imports.
+    if os.environ.get("MRL_MAXTEXT_SHIMS") == "1":
+        import maxtext_shims
+
+        if maxtext_shims.ADAPTER is None:
+            raise pytest.UsageError("MRL_MAXTEXT_SHIMS=1 needs maxtext installed (the MaxText cell of the matrix).")
+
+
 def pytest_sessionstart(session):
     """Refuse to run the suite on the wrong devices: a result on anything but
     8 simulated CPU devices, or a real v6e-8, would not be the matrix's."""

@@ -16,12 +16,12 @@ _HERE = pathlib.Path(__file__).resolve().parent
 # --import-mode=importlib puts no test folder on sys.path; the helpers live here.
 sys.path[:0] = [str(_HERE), str(_HERE.parent)]
 import standins  # noqa: E402
-from pipeline_support import ROOT  # noqa: E402
+from pipeline_support import ALL, ROOT, build_standins  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def standin() -> dict[str, pathlib.Path]:
-    return {name: standins.fetch(name) for name in ("google-tunix", "tpu-inference")}
+    return {name: standins.fetch(name) for name in ("google-tunix", "tpu-inference", "vllm")}
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +41,12 @@ def project(tmp_path) -> pathlib.Path:
     return dest
 
 
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, standin, cache_dir):
+    """One stand-in build of the real project, vLLM included, shared by the
+    read-only tests."""
+    out = tmp_path_factory.mktemp("built") / "dist"
+    proc = build_standins(ROOT, out, standin, cache_dir, only=ALL)
+    return out, proc

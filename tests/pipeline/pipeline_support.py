@@ -9,9 +9,11 @@ import subprocess
 import sys
 import tarfile
 
-from maxtext_rl_overlay.pins import set_pin_values
+from maxtext_rl_overlay.pins import load_project, set_pin_values
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROJECT = load_project(ROOT)
+ALL = ",".join(PROJECT.pins)  # every upstream, vLLM included
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
     "GIT_AUTHOR_DATE": "2026-07-27T09:44:06-07:00", "GIT_COMMITTER_DATE": "2026-07-27T09:44:06-07:00",
@@ -31,7 +33,7 @@ def run_tool(project: pathlib.Path, *args: str, cache: pathlib.Path, check: bool
 
 
 def build_standins(project, out, standin, cache, *extra, only="google-tunix,tpu-inference", check=True):
-    args = ["build", "--unpinned", "--only", only, "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
+    args = ["build", "--unpinned", "--torch-standin", "--only", only, "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
     for name in only.split(","):
         args += ["--source", f"{name}={standin[name]}"]
     return run_tool(project, *args, *extra, cache=cache, check=check)

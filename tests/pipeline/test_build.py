@@ -14,7 +14,7 @@ import time
 
 import pytest
 from pipeline_support import (
-    ROOT,
+    PROJECT,
     build_standins,
     git_repo_of,
     run_tool,
@@ -44,21 +44,13 @@ def _no_leftovers(out: pathlib.Path) -> None:
     assert not left, f"staging folders left behind: {left}"
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, standin, cache_dir):
-    """One stand-in build of the real project, shared by the read-only tests."""
-    out = tmp_path_factory.mktemp("built") / "dist"
-    proc = build_standins(ROOT, out, standin, cache_dir)
-    return out, proc
-
-
 def test_build_writes_index_constraints_and_labels_unpinned(built):
     out, proc = built
     wheels = sorted(p.name for p in out.glob("*.whl"))
-    assert [w.split("-")[0] for w in wheels] == ["google_tunix", "maxtext_rl_overlay", "tpu_inference"]
+    assert [w.split("-")[0] for w in wheels] == ["google_tunix", "maxtext_rl_overlay", "maxtext_vllm_adapter", "tpu_inference", "vllm"]
     for wheel in wheels:
         if not wheel.startswith("maxtext"):
-            assert "+mrl.1.unpinned." in wheel, wheel  # a stand-in says so in its version
+            assert f"+{PROJECT.local_label}.unpinned." in wheel, wheel  # a stand-in says so in its version
     index = (out / "index.html").read_text()
     constraints = (out.parent / "constraints.txt").read_text()
     for line in _sums(out).splitlines():
@@ -69,9 +61,17 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     assert "--find-links ./dist\n" in constraints
     assert "--find-links .\n" in (out / "constraints.txt").read_text()
     # The closure the stack needs on a TPU VM is pinned exactly.
-    for pin in ("jax==0.11.0", "jaxlib==0.11.0", "libtpu==0.0.44", "flax==0.12.8", "torch==2.10.0"):
+    # The closure the stack needs on a TPU VM is pinned exactly, as MaxText
+    # 0.2.4's extra and its overrides file ask (torch: PyPI's stand-in build).
+    for pin in ("jax==0.11.0", "jaxlib==0.11.0", "libtpu==0.0.44", "flax==0.12.8", "qwix==0.1.8", "optax==0.2.6",
+                "gcsfs==2026.2.0", "fsspec==2026.2.0", "maxtext==0.2.4", "torch==2.11.0", "torchvision==0.26.0"):
         assert f"\n{pin} " in constraints, pin
+    assert "# STAND-IN torch 2.11.0: PyPI's CUDA build, standing in for MaxText's torch==2.11.0+cpu" in constraints
+    assert "STAND-IN torch 2.11.0" in proc.stderr
+    overrides = (out / "torch-standin-overrides.txt").read_text()
+    assert "STAND-IN" in overrides and "\ntorch==2.11.0\ntorchvision==0.26.0\n" in overrides
     assert "[google-tunix] applying 0001-" in proc.stderr and "building the wheel" in proc.stderr
+    assert "[vllm] UNPINNED source" in proc.stderr and "[vllm] empty series: nothing to apply" in proc.stderr
 
 
 def test_install_with_constraints_then_verify(built, tmp_path):
@@ -88,7 +88,10 @@ def test_install_with_constraints_then_verify(built, tmp_path):
         verify = lambda: subprocess.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify"], capture_output=True, text=True)  # noqa: E731
         ok = verify()
         assert ok.returncode == 0, ok.stdout + ok.stderr
-        assert "verify: yes" in ok.stdout and "UNPINNED" in ok.stdout
+        assert "verify: yes" in ok.stdout and "UNPINNED" in ok.stdout and "the stack imports" in ok.stdout
+        for module in ("tpu_inference", "tunix", "vllm", "tpu_inference.layers.jax.sample.sampling"):
+            assert any(f"import {module} " in line and line.rstrip().endswith("ok") for line in ok.stdout.splitlines()), module
+        assert "STAND-IN for 2.11.0+cpu" in ok.stdout
 
         installed = next(venv.glob(f"lib/python3.*/site-packages/{SAMPLING}"))
         original = installed.read_bytes()
@@ -96,6 +99,12 @@ def test_install_with_constraints_then_verify(built, tmp_path):
         tampered = verify()
         assert tampered.returncode == 1
         assert "verify: NO" in tampered.stderr
+        # A stack whose files are intact but which cannot import is not good either.
+        vllm_dir = next(venv.glob("lib/python3.*/site-packages/vllm"))
+        vllm_dir.rename(vllm_dir.with_name("vllm.away"))
+        broken = verify()
+        vllm_dir.with_name("vllm.away").rename(vllm_dir)
+        assert broken.returncode == 1 and "The stack does not import: import " in broken.stderr, broken.stderr
         assert any(SAMPLING in line and "DIFFERS" in line for line in tampered.stdout.splitlines())
         installed.write_bytes(original)
         assert verify().returncode == 0
@@ -105,7 +114,7 @@ def test_install_with_constraints_then_verify(built, tmp_path):
         upstream = verify()
         assert upstream.returncode == 1
         rows = [line for line in upstream.stdout.splitlines() if line.startswith("tpu-inference") and "DIFFERS" in line]
-        assert any(" version " in r and "0.25.0.dev20260728 " in r + " " for r in rows), upstream.stdout
+        assert any(" version " in r and "0.25.0.dev20260728: REPLACED" in r for r in rows), upstream.stdout
         assert any(SAMPLING in r for r in rows), upstream.stdout
     finally:
         shutil.rmtree(venv, ignore_errors=True)
@@ -160,7 +169,7 @@ def test_patch_no_longer_applies(previous, project, standin, cache_dir, tmp_path
     tree = unpack(standin["tpu-inference"], tmp_path / "src")
     f = tree / SAMPLING
     f.write_text(f.read_text().replace("# Find the topK values.", "# Find the top-k values (upstream moved on)."))
-    proc = run_tool(project, "build", "--unpinned", "--only", "tpu-inference", "--source", f"tpu-inference={tree}",
+    proc = run_tool(project, "build", "--torch-standin", "--unpinned", "--only", "tpu-inference", "--source", f"tpu-inference={tree}",
                     "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
     _fails_cleanly(proc, out, before, "tpu-inference", "0001-", "does not apply", "rebase")
 
@@ -171,7 +180,7 @@ def test_already_applied_patch(previous, project, standin, cache_dir, tmp_path, 
     tree = unpack(standin["tpu-inference"], tmp_path / "src")
     patch = next((project / "patches" / "tpu-inference").glob("0001-*.patch"))
     subprocess.run(["git", "apply", str(patch)], cwd=tree, check=True)
-    proc = run_tool(project, "build", "--unpinned", "--only", "tpu-inference", "--source", f"tpu-inference={tree}", "--engine", engine,
+    proc = run_tool(project, "build", "--torch-standin", "--unpinned", "--only", "tpu-inference", "--source", f"tpu-inference={tree}", "--engine", engine,
                     "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
     _fails_cleanly(proc, out, before, "tpu-inference", patch.name, "already applied")
 
@@ -183,7 +192,7 @@ def test_pinned_git_source_and_wrong_tree_id(previous, project, standin, cache_d
     repo = unpack(standin["tpu-inference"], tmp_path / "src")
     commit, tree, date = git_repo_of(repo)
     set_pin(project, "tpu-inference", commit=commit, tree="0" * 40, date=date)
-    args = ["build", "--only", "tpu-inference", "--source", f"tpu-inference={repo}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
+    args = ["build", "--torch-standin", "--only", "tpu-inference", "--source", f"tpu-inference={repo}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
     proc = run_tool(project, *args, cache=cache_dir)
     _fails_cleanly(proc, out, before, "tpu-inference", commit, f"has tree {tree}", "0" * 40)
 
@@ -199,13 +208,13 @@ def test_missing_source(previous, project, cache_dir, tmp_path):
     the pin and the flag to use."""
     out, before = previous
     set_pin(project, "tpu-inference", repository=(tmp_path / "nowhere").as_uri())
-    proc = run_tool(project, "build", "--only", "tpu-inference", "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
+    proc = run_tool(project, "build", "--torch-standin", "--only", "tpu-inference", "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
     _fails_cleanly(proc, out, before, "tpu-inference: cannot reach", "7ecc401e6faefe3f793f3e4a8e6e2dbc49eca868", "--source tpu-inference=PATH")
 
 
 def test_unpinned_tree_refused_without_flag(previous, project, standin, cache_dir):
     out, before = previous
-    proc = run_tool(project, "build", "--only", "tpu-inference", "--source", f"tpu-inference={standin['tpu-inference']}",
+    proc = run_tool(project, "build", "--torch-standin", "--only", "tpu-inference", "--source", f"tpu-inference={standin['tpu-inference']}",
                     "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
     _fails_cleanly(proc, out, before, "is not the pinned tree", "--unpinned")
 
@@ -228,7 +237,7 @@ def test_patch_outside_series_and_missing_trailer(previous, project, standin, ca
 def test_interrupted_build_publishes_nothing(previous, project, standin, cache_dir, sig):
     out, before = previous
     env = dict(os.environ, MRL_CACHE_DIR=str(cache_dir), UV_PYTHON_DOWNLOADS="never")
-    args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--unpinned", "--only", "google-tunix,tpu-inference",
+    args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--unpinned", "--torch-standin", "--only", "google-tunix,tpu-inference",
             "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), "--project", str(project)]
     for name in ("google-tunix", "tpu-inference"):
         args += ["--source", f"{name}={standin[name]}"]

@@ -72,17 +72,22 @@ def test_tree_id_matches_git(tmp_path):
 
 def test_constraints_pin_exactly_what_the_pins_and_revision_build():
     """constraints.txt is generated: its overlay lines must say what the pins
-    and the overlay revision say now (regenerate it when they change)."""
+    and the overlay revision say now (regenerate it when they change). It is
+    built from the real pins of google-tunix and tpu-inference; vLLM's pin and
+    the CPU torch are out of reach here, so their stand-ins must be labelled."""
     text = (ROOT / "constraints.txt").read_text()
     assert text.startswith("# maxtext-rl-overlay constraints: generated")
     assert "\n--find-links ./dist\n" in text
     for name in ("google-tunix", "tpu-inference"):
         pin = PROJECT.pins[name]
-        want = f"{name}=={pin.version}+{PROJECT.local_label} \\\n    --hash=sha256:"
+        want = f"\n{name}=={pin.version}+{PROJECT.local_label} \\\n    --hash=sha256:"
         assert want in text, f"constraints.txt does not pin {name} as the pin builds it: run scripts/build-wheels.sh"
     overlay_version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert f"\nmaxtext-rl-overlay=={overlay_version} \\\n" in text
-    assert "Built from the pins" in text, "the committed constraints must come from a build of the real pins"
+    vllm = re.search(r"^vllm==(\S+) ", text, re.M)
+    assert vllm and f"+{PROJECT.local_label}.unpinned." in vllm.group(1), "the vLLM line must be our build, labelled unpinned"
+    assert "# NOT built from the pins: stand-in sources for vllm " in text, "vllm must be the only stand-in source, said so"
+    assert "# STAND-IN torch " in text
 
 
 def test_readme_commands_are_the_ones_ci_runs():

@@ -1,0 +1,154 @@
+"""The build environment of a distribution whose C++ extensions link torch (vLLM).
+
+An isolated build would install whatever torch the source's build-system asks
+for. The extensions must link the torch the user will run, the closure's, so
+such a distribution is built without isolation in an environment made here:
+the source's own build requirements, with torch replaced by the closure's.
+The source's torch requirement must admit that torch; a mismatch is an error
+at build time, not an import failure on the TPU VM.
+
+A CUDA build of torch (the PyPI stand-in for the CPU build) cannot be built
+against without the CUDA toolkit, even for extensions that use no CUDA: its
+CMake config stops when it finds none. The toolkit then comes from PyPI, at
+the version that torch itself requires (cuda-toolkit), and the extensions
+link libtorch_cuda.so as well: they need that CUDA torch at run time, which
+is the stand-in closure's.
+
+Environments are cached by their inputs. A venv cannot be moved once made,
+so one is made in place and marked complete only at the end; an incomplete
+one is made again."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import tomllib
+from importlib import resources
+
+from packaging.requirements import Requirement
+
+from .environment import Torch
+from .errors import OverlayError
+from .progress import step
+
+BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
+#: The parts of the CUDA toolkit a CUDA torch's CMake config needs to configure.
+CUDA_TOOLKIT_EXTRAS = "nvcc,crt,nvvm,cccl,cudart"
+_PROBE = (
+    "import importlib.metadata as md, json, torch; "
+    "print(json.dumps({'version': md.version('torch'), 'cuda': torch.version.cuda or '', 'requires': md.requires('torch') or []}))"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildEnv:
+    python: pathlib.Path
+    env: dict[str, str]  # what the build runs with: PATH first, and CUDA settings for a CUDA torch
+    torch: str  # the torch distribution installed there (its version)
+    cuda: str  # its CUDA version, "" for a CPU build
+
+
+def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: pathlib.Path) -> BuildEnv:
+    requires = _build_requires(who, tree, torch)
+    key = hashlib.sha256(json.dumps([requires, torch.find_links, _version_of(python), BUILD_CONSTRAINTS.read_text()]).encode()).hexdigest()[:16]
+    root = cache / "buildenv" / key
+    marker = root / ".complete"
+    if not marker.is_file():
+        shutil.rmtree(root, ignore_errors=True)
+        with step(who, f"making the build environment with torch=={torch.version} ({root.name})"):
+            _make(who, root, python, requires, torch)
+    info = json.loads(marker.read_text())
+    if info["version"] != torch.version:
+        raise OverlayError(f"{who}: the build environment {root} holds torch {info['version']}, not the closure's {torch.version}; delete it and build again.")
+    bindir = root / "bin"
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if info["cuda"]:
+        cuda = pathlib.Path(info["cuda_home"])
+        env.update(
+            CUDA_HOME=str(cuda),
+            PATH=f"{bindir}{os.pathsep}{cuda / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+            CMAKE_ARGS=f"-DCUDA_TOOLKIT_ROOT_DIR={cuda} -DCUDAToolkit_ROOT={cuda} -DCMAKE_CUDA_COMPILER={cuda / 'bin' / 'nvcc'}",
+        )
+        step.note(who, f"built against torch {info['version']} (CUDA {info['cuda']} build: the stand-in); its extensions will link libtorch_cuda.so too")
+    else:
+        step.note(who, f"built against torch {info['version']} (CPU build)")
+    return BuildEnv(bindir / "python", env, info["version"], info["cuda"])
+
+
+def _build_requires(who: str, tree: pathlib.Path, torch: Torch) -> list[str]:
+    """The source's build requirements, torch replaced by the closure's."""
+    try:
+        requires = tomllib.loads((tree / "pyproject.toml").read_text())["build-system"]["requires"]
+    except (FileNotFoundError, KeyError, tomllib.TOMLDecodeError):
+        raise OverlayError(f"{who}: the source has no [build-system] requires in pyproject.toml to make its build environment from.") from None
+    out, found = [], False
+    for text in requires:
+        req = Requirement(text)
+        if req.name != "torch":
+            out.append(text)
+            continue
+        found = True
+        if not req.specifier.contains(torch.version, prereleases=True):
+            raise OverlayError(
+                f"{who}: its build-system requires {text!r}, but the closure's torch is {torch.version} "
+                f"(MaxText asks for torch=={torch.wanted}). The extensions must be built against the torch "
+                "the user runs: move the pin to a commit built for that torch, or the MaxText release."
+            )
+    if not found:
+        raise OverlayError(f"{who}: its pin says it builds against torch ([build] torch = true), but its build-system does not require torch.")
+    return sorted(out) + [f"torch=={torch.version}"]
+
+
+def _version_of(python: str) -> str:
+    return subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def _run(who: str, cmd: list[str], what: str) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, UV_PYTHON_DOWNLOADS="never"))
+    if proc.returncode != 0:
+        tail = "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
+        raise OverlayError(f"{who}: {what} failed:\n    {tail}")
+    return proc.stdout
+
+
+def _make(who: str, root: pathlib.Path, python: str, requires: list[str], torch: Torch) -> None:
+    uv = shutil.which("uv") or "uv"
+    vpy = str(root / "bin" / "python")
+    links = [a for link in torch.find_links for a in ("--find-links", link)]
+    with resources.as_file(BUILD_CONSTRAINTS) as constraints:
+        _run(who, [uv, "venv", "--quiet", "-p", python, str(root)], "making the build venv")
+        _run(who, [uv, "pip", "install", "--quiet", "-p", vpy, "-c", str(constraints), *links, *requires], "installing the build requirements")
+    info = json.loads(_run(who, [vpy, "-c", _PROBE], "importing torch in the build venv").strip().splitlines()[-1])
+    if info["version"] != torch.version:
+        raise OverlayError(f"{who}: the build venv got torch {info['version']}, not the closure's {torch.version}.")
+    if info["cuda"]:
+        toolkit = [r for r in info["requires"] if Requirement(r).name == "cuda-toolkit"]
+        pinned = [s.version for r in toolkit for s in Requirement(r).specifier if s.operator == "=="]
+        if len(pinned) != 1:
+            raise OverlayError(f"{who}: torch {info['version']} is a CUDA build but does not pin cuda-toolkit ({toolkit}); cannot choose the toolkit to build against.")
+        _run(who, [uv, "pip", "install", "--quiet", "-p", vpy, f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={pinned[0]}"], "installing the CUDA toolkit")
+        info["cuda_home"] = str(_link_toolkit(who, root, info["cuda"]))
+    (root / ".complete").write_text(json.dumps(info, sort_keys=True))
+
+
+def _link_toolkit(who: str, root: pathlib.Path, cuda: str) -> pathlib.Path:
+    """The pip-installed toolkit as CMake's FindCUDAToolkit expects a CUDA
+    installation to look: unversioned library names and a lib64 folder."""
+    major = cuda.split(".")[0]
+    homes = list(root.glob(f"lib/python*/site-packages/nvidia/cu{major}"))
+    if len(homes) != 1 or not (homes[0] / "bin" / "nvcc").is_file():
+        raise OverlayError(f"{who}: the CUDA {cuda} toolkit is not where cuda-toolkit installs it (nvidia/cu{major} with bin/nvcc) in {root}.")
+    home = homes[0]
+    for lib in ("cudart", "nvrtc"):
+        versioned = home / "lib" / f"lib{lib}.so.{major}"
+        link = home / "lib" / f"lib{lib}.so"
+        if versioned.is_file() and not link.exists():
+            link.symlink_to(versioned.name)
+    if not (home / "lib64").exists():
+        (home / "lib64").symlink_to("lib")
+    return home

@@ -1,0 +1,129 @@
+"""The environment the overlay is resolved into: MaxText's RL extra and its torch.
+
+The closure constraints.txt pins is the user's whole environment, not only our
+wheels: it is resolved together with the MaxText release that the `maxtext`
+extra of pyproject.toml names, under that release's own overrides file (read
+from its wheel, not copied by hand), and with the torch MaxText's extra asks
+for: a CPU build (`torch==X+cpu`), which is also the torch vLLM's extensions
+are built against.
+
+The CPU builds live on the PyTorch index (`[tool.maxtext-rl-overlay.torch]`
+says where). Where that index is out of reach, PyPI's build of the same
+version stands in: a CUDA build, which runs on the CPU but brings the
+nvidia-*/cuda-*/triton packages along. It is used only when asked for
+(`--torch-standin`), and said to be a stand-in in the build output, the
+constraints header, the manifest and `verify`."""
+
+from __future__ import annotations
+
+import dataclasses
+import email.parser
+import pathlib
+import zipfile
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from . import registry
+from .errors import OverlayError
+from .pins import Project
+from .progress import step
+
+#: The target a TPU VM is, for evaluating MaxText's requirement markers.
+TARGET_MARKERS = {
+    "python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux", "platform_system": "Linux",
+    "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+    "os_name": "posix",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Torch:
+    """The torch of the closure, and of the vLLM build."""
+
+    wanted: str  # what MaxText asks for: "2.11.0+cpu"
+    version: str  # what the closure pins: the same, or "2.11.0" for the stand-in
+    torchvision_wanted: str
+    torchvision: str
+    find_links: tuple[str, ...]  # where the CPU builds are (empty for the stand-in: PyPI)
+    standin: bool
+
+    @property
+    def requirements(self) -> list[str]:
+        return [f"torch=={self.version}", f"torchvision=={self.torchvision}"]
+
+    def describe(self) -> str:
+        if self.standin:
+            return (f"STAND-IN torch {self.version}: PyPI's CUDA build, standing in for MaxText's torch=={self.wanted} "
+                    "(the PyTorch CPU index was out of reach); it brings nvidia-*, cuda-* and triton")
+        return f"torch {self.version} (CPU build)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    maxtext: str  # the requirement the overlay's `maxtext` extra holds
+    extra: str  # that extra's name
+    constraints: tuple[str, ...]  # the MaxText release's overrides file, applied as constraints
+    constraints_origin: str  # where they were read
+    torch: Torch
+    release: pathlib.Path  # the MaxText wheel, downloaded and checked
+    vllm_adapter: str  # its folder holding MaxText's vLLM plugin (setup.py), "" for none
+
+    @property
+    def overrides(self) -> list[str]:
+        """What replaces MaxText's own torch requirements: nothing for the
+        real CPU build; for the stand-in, the same versions without +cpu
+        (no constraint can satisfy an `==X+cpu` that the index lacks)."""
+        return self.torch.requirements if self.torch.standin else []
+
+
+def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> Environment:
+    """Read the MaxText release the project names, and choose the torch."""
+    extra = project.config.get("maxtext", {}).get("extra", "maxtext")
+    try:
+        (requirement_text,) = project.metadata["optional-dependencies"][extra]
+    except (KeyError, ValueError):
+        raise OverlayError(f"{project.root / 'pyproject.toml'}: the [project.optional-dependencies] extra {extra!r} must hold exactly one requirement, the MaxText release.") from None
+    requirement = Requirement(requirement_text)
+    pinned = [s.version for s in requirement.specifier if s.operator == "=="]
+    if len(pinned) != 1 or len(requirement.extras) != 1:
+        raise OverlayError(f"the {extra!r} extra must name one MaxText release and one of its extras exactly (name[extra]==version), not {requirement_text!r}.")
+    (mt_extra,) = requirement.extras
+    wheel = registry.download(requirement.name, registry.wheel_name(requirement.name, pinned[0]), cache / "releases")
+    overrides_file = project.config.get("maxtext", {}).get("overrides-file")
+    if not overrides_file:
+        raise OverlayError(f"{project.root / 'pyproject.toml'}: [tool.maxtext-rl-overlay.maxtext] lacks overrides-file (the path of MaxText's overrides file inside its wheel).")
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            text = zf.read(overrides_file).decode()
+        except KeyError:
+            raise OverlayError(f"{wheel.name} has no {overrides_file}: fix overrides-file in [tool.maxtext-rl-overlay.maxtext].") from None
+        metadata = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = email.parser.Parser().parsestr(zf.read(metadata).decode()).get_all("Requires-Dist") or []
+    constraints = tuple(line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip())
+    wanted = _exact(requires, mt_extra, "torch", wheel.name)
+    vision = _exact(requires, mt_extra, "torchvision", wheel.name)
+    config = project.config.get("torch", {})
+    if torch_standin:
+        torch = Torch(wanted, Version(wanted).public, vision, Version(vision).public, (), True)
+    else:
+        links = tuple(config.get("find-links", ()))
+        if not links:
+            raise OverlayError(f"{project.root / 'pyproject.toml'}: [tool.maxtext-rl-overlay.torch] lacks find-links (where torch=={wanted} is published).")
+        torch = Torch(wanted, wanted, vision, vision, links, False)
+    step.note("environment", f"{requirement_text}, its {overrides_file} as constraints; {torch.describe()}")
+    adapter = project.config.get("maxtext", {}).get("vllm-adapter", "")
+    return Environment(requirement_text, extra, constraints, f"{wheel.name}:{overrides_file}", torch, wheel, adapter)
+
+
+def _exact(requires: list[str], extra: str, name: str, where: str) -> str:
+    """The one version MaxText's `extra` pins `name` to (`==`)."""
+    for line in requires:
+        req = Requirement(line)
+        if req.name != name or (req.marker and not req.marker.evaluate(dict(TARGET_MARKERS, extra=extra))):
+            continue
+        versions = [s.version for s in req.specifier if s.operator == "=="]
+        if len(versions) == 1:
+            return versions[0]
+        raise OverlayError(f"{where} asks for {line!r}: expected an exact {name}==VERSION pin, which the vLLM build must match.")
+    raise OverlayError(f"{where} does not pin {name} in its {extra!r} extra; the closure's torch cannot be chosen from it.")
