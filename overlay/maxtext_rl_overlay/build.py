@@ -56,12 +56,14 @@ def build(opts: BuildOptions) -> BuildResult:
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it 0700; a web server may run as another user
     try:
         entries: dict[str, dict] = {}
         for pin in chosen:
             entries[pin.distribution] = _build_upstream(project, pin, opts, staging)
         overlay_wheel = _build_overlay(project, entries, [p for p in project.pins if p not in entries], staging, opts)
         sums = publish.write_index(staging)
+        publish.write_simple(staging, sums)
         find_links = _relative(out, constraints_path.parent)
         requirement = f"maxtext-rl-overlay=={_wheel_version(overlay_wheel)}"
         closure = publish.resolve_closure(staging, requirement, opts.python)
@@ -71,8 +73,10 @@ def build(opts: BuildOptions) -> BuildResult:
             if pinned
             else "NOT built from the pins: stand-in sources for " + ", ".join(n for n, e in entries.items() if not e["from_pin"]) + "."
         )
-        # The index carries its own copy (find-links ".") so that the folder
-        # alone is a complete release: uv pip install -c dist/constraints.txt ...
+        # The index carries its own copy (find-links ".", which uv resolves
+        # against the file's own folder or URL) so that the folder alone is a
+        # complete release, on disk or served as it is over HTTP:
+        # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
         (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, ".", note=note))
         text = publish.constraints_text(closure, sums, find_links, note=note)
         publish.replace_dir(staging, out)

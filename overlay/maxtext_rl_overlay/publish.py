@@ -1,19 +1,24 @@
 """Stage 4: the package index over the wheels, and constraints.txt.
 
 The index is a flat find-links page (index.html with #sha256= fragments, and
-SHA256SUMS). constraints.txt points uv at it, pins every overlay wheel with
-`==` and `--hash`, and pins the closure the stack needs on a TPU VM, resolved
-for the target platform, so that `uv pip install -c constraints.txt
+SHA256SUMS) and a PEP 503 simple/ tree over the same wheels; every link in
+them is relative, so the folder served as it is by any static HTTP server is
+a complete release. constraints.txt points uv at it, pins every overlay wheel
+with `==` and `--hash`, and pins the closure the stack needs on a TPU VM,
+resolved for the target platform, so that `uv pip install -c constraints.txt
 maxtext-rl-overlay` can only take our builds of the patched distributions."""
 
 from __future__ import annotations
 
+import email.parser
 import html
 import os
 import pathlib
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
+import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -30,13 +35,48 @@ def write_index(index_dir: pathlib.Path) -> dict[str, str]:
     """index.html and SHA256SUMS over the wheels in `index_dir`; returns
     {wheel file name: sha256}."""
     sums = {w.name: sha256_file(w) for w in sorted(index_dir.glob("*.whl"))}
-    links = "\n".join(f'    <a href="{html.escape(n)}#sha256={s}">{html.escape(n)}</a><br>' for n, s in sums.items())
+    links = "\n".join(f'    <a href="{_href(n)}#sha256={s}">{html.escape(n)}</a><br>' for n, s in sums.items())
     (index_dir / "index.html").write_text(
         "<!DOCTYPE html>\n<html>\n  <head><meta charset=\"utf-8\"><title>maxtext-rl-overlay wheels</title></head>\n"
         f"  <body>\n{links}\n  </body>\n</html>\n"
     )
     (index_dir / "SHA256SUMS").write_text("".join(f"{s}  {n}\n" for n, s in sums.items()))
     return sums
+
+
+def _href(wheel_name: str, prefix: str = "") -> str:
+    """A relative link to a wheel: "+" (local versions) percent-encoded, as
+    some static hosts read a literal "+" in a path as a space."""
+    return html.escape(prefix + urllib.parse.quote(wheel_name))
+
+
+def write_simple(index_dir: pathlib.Path, sums: dict[str, str]) -> None:
+    """The PEP 503 tree beside the flat index: simple/index.html lists the
+    projects, simple/<normalized name>/index.html links (relatively) to that
+    project's wheels in `index_dir` with their sha256 and Requires-Python."""
+    by_project: dict[str, list[str]] = {}
+    for name in sorted(sums):
+        by_project.setdefault(canonicalize_name(parse_wheel_filename(name)[0]), []).append(name)
+    head = '<!DOCTYPE html>\n<html>\n  <head><meta charset="utf-8"><meta name="pypi:repository-version" content="1.0"><title>{}</title></head>\n  <body>\n'
+    tail = "  </body>\n</html>\n"
+    simple = index_dir / "simple"
+    simple.mkdir()
+    rows = "".join(f'    <a href="{p}/">{p}</a><br>\n' for p in sorted(by_project))
+    (simple / "index.html").write_text(head.format("Simple index") + rows + tail)
+    for project, names in by_project.items():
+        rows = ""
+        for name in names:
+            requires = _requires_python(index_dir / name)
+            attr = f' data-requires-python="{html.escape(requires)}"' if requires else ""
+            rows += f'    <a href="{_href(name, "../../")}#sha256={sums[name]}"{attr}>{html.escape(name)}</a><br>\n'
+        (simple / project).mkdir()
+        (simple / project / "index.html").write_text(head.format(f"Links for {project}") + rows + tail)
+
+
+def _requires_python(wheel: pathlib.Path) -> str | None:
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA"))
+        return email.parser.HeaderParser().parsestr(zf.read(meta).decode("utf-8"))["Requires-Python"]
 
 
 def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str) -> str:
