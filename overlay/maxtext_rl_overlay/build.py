@@ -36,6 +36,9 @@ class BuildOptions:
     engine: str | None = None  # patch engine; default git where installed
     python: str = sys.executable  # the interpreter the builds and the resolver use
     cache: pathlib.Path | None = None
+    # Where the index folder will be served (--base-url): its constraints.txt
+    # then names the index by that URL, so a copy of it works from anywhere.
+    base_url: str | None = None
 
 
 @dataclasses.dataclass
@@ -52,6 +55,7 @@ def build(opts: BuildOptions) -> BuildResult:
     unknown = sorted(set(opts.sources) - set(project.pins))
     if unknown:
         raise OverlayError(f"--source: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(project.pins)}.")
+    base = publish.base_url(opts.base_url) if opts.base_url else None
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -77,7 +81,8 @@ def build(opts: BuildOptions) -> BuildResult:
         # against the file's own folder or URL) so that the folder alone is a
         # complete release, on disk or served as it is over HTTP:
         # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
-        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, ".", note=note))
+        # With --base-url it names the index by that URL instead.
+        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", note=note, location=base or ""))
         text = publish.constraints_text(closure, sums, find_links, note=note)
         publish.replace_dir(staging, out)
         publish.write_atomically(constraints_path, text)
