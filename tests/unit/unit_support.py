@@ -11,7 +11,7 @@ def fake_wheel(folder: pathlib.Path, name: str, version: str, requires_python: s
     dist = name.replace("-", "_")
     wheel = folder / f"{dist}-{version}-py3-none-any.whl"
     meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + (f"Requires-Python: {requires_python}\n" if requires_python else "")
-    with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr(f"{dist}/__init__.py", extra)
-        zf.writestr(f"{dist}-{version}.dist-info/METADATA", meta)
+    with zipfile.ZipFile(wheel, "w") as zf:  # fixed dates: the same arguments give the same bytes
+        zf.writestr(zipfile.ZipInfo(f"{dist}/__init__.py", (1980, 1, 1, 0, 0, 0)), extra)
+        zf.writestr(zipfile.ZipInfo(f"{dist}-{version}.dist-info/METADATA", (1980, 1, 1, 0, 0, 0)), meta)
     return wheel
