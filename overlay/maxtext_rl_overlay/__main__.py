@@ -1,6 +1,6 @@
 """Command line: a thin layer over the stage modules.
 
-    maxtext-rl-overlay build [--source NAME=PATH]... [--only NAMES] [--out DIR] ...
+    maxtext-rl-overlay build [--source NAME=PATH]... [--only NAMES] [--out DIR] [--base-url URL] ...
     maxtext-rl-overlay verify [--require-pinned]
     maxtext-rl-overlay lint
     maxtext-rl-overlay rebase NAME NEW_REF [--source PATH] [--build] | --continue | --abort
@@ -49,6 +49,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             engine=args.engine,
             python=args.python or sys.executable,
             torch_standin=args.torch_standin,
+            base_url=args.base_url,
         )
     )
     for name, sha in result.wheels.items():
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--engine", choices=("git", "patch-ng"), help="patch engine (default: git where installed)")
     b.add_argument("--python", help="interpreter for the builds and the resolver (default: this one)")
     b.add_argument("--project", type=pathlib.Path, help="the maxtext-rl-overlay checkout (default: found from the current folder)")
+    b.add_argument("--base-url", metavar="URL", help="where the index folder will be served: its constraints.txt then names the index by this URL")
     b.set_defaults(func=_cmd_build)
 
     v = sub.add_parser("verify", help="check that the installed distributions are the overlay builds")

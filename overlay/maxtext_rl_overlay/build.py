@@ -39,6 +39,9 @@ class BuildOptions:
     python: str = sys.executable  # the interpreter the builds and the resolver use
     cache: pathlib.Path | None = None
     torch_standin: bool = False  # PyPI's torch X for MaxText's X+cpu, labelled as a stand-in
+    # Where the index folder will be served (--base-url): its constraints.txt
+    # then names the index by that URL, so a copy of it works from anywhere.
+    base_url: str | None = None
 
 
 @dataclasses.dataclass
@@ -55,12 +58,14 @@ def build(opts: BuildOptions) -> BuildResult:
     unknown = sorted(set(opts.sources) - set(project.pins))
     if unknown:
         raise OverlayError(f"--source: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(project.pins)}.")
+    base = publish.base_url(opts.base_url) if opts.base_url else None
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = opts.cache or sources.cache_root()
     env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it 0700; a web server may run as another user
     try:
         entries: dict[str, dict] = {}
         for pin in chosen:
@@ -71,6 +76,7 @@ def build(opts: BuildOptions) -> BuildResult:
         adapter = _build_maxtext_adapter(env, staging, opts.python)
         overlay_wheel = _build_overlay(project, entries, not_built, env, adapter, staging, opts.python)
         sums = publish.write_index(staging)
+        publish.write_simple(staging, sums)
         find_links = _relative(out, constraints_path.parent)
         requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
         closure = publish.resolve_closure(staging, requirement, opts.python, env)
@@ -82,9 +88,12 @@ def build(opts: BuildOptions) -> BuildResult:
         ]
         if env.overrides:
             (staging / publish.STANDIN_OVERRIDES).write_text(publish.overrides_text(env))
-        # The index carries its own copy (find-links ".") so that the folder
-        # alone is a complete release: uv pip install -c dist/constraints.txt ...
-        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, ".", notes=notes, env=env))
+        # The index carries its own copy (find-links ".", which uv resolves
+        # against the file's own folder or URL) so that the folder alone is a
+        # complete release, on disk or served as it is over HTTP:
+        # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
+        # With --base-url it names the index by that URL instead.
+        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or ""))
         text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env)
         publish.replace_dir(staging, out)
         publish.write_atomically(constraints_path, text)

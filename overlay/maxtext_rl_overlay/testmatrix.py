@@ -19,6 +19,7 @@ import time
 import tomllib
 import xml.etree.ElementTree as ET
 
+from . import publish
 from .errors import OverlayError
 from .progress import step
 from .publish import STANDIN_OVERRIDES
@@ -115,6 +116,7 @@ def run(project_root: pathlib.Path, wheels: pathlib.Path, work: pathlib.Path, *,
     constraints = wheels / "constraints.txt"
     if not constraints.is_file():
         raise OverlayError(f"{wheels} has no constraints.txt: give --wheels the index folder scripts/build-wheels.sh made.")
+    constraints = publish.local_view(wheels, work / "index")  # these wheels, even if built for a --base-url
     results: list[CellResult] = []
     for cell in load_cells(project_root, quick):
         results += _run_cell(project_root, constraints, work / cell.name, cell, platform=platform, quick=quick, keep=keep)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import pytest
 from pipeline_support import (
@@ -55,11 +56,14 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     constraints = (out.parent / "constraints.txt").read_text()
     for line in _sums(out).splitlines():
         sha, name = line.split()
-        assert f'href="{name}#sha256={sha}"' in index
+        assert f'href="{urllib.parse.quote(name)}#sha256={sha}"' in index
         assert f"--hash=sha256:{sha}" in constraints
     assert "NOT built from the pins" in constraints
     assert "--find-links ./dist\n" in constraints
     assert "--find-links .\n" in (out / "constraints.txt").read_text()
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "simple").rglob("index.html")) == [
+        "simple/google-tunix/index.html", "simple/index.html", "simple/maxtext-rl-overlay/index.html", "simple/tpu-inference/index.html"]
+    assert oct(out.stat().st_mode & 0o777) == "0o755", "readable by a web server running as another user"
     # The closure the stack needs on a TPU VM is pinned exactly.
     # The closure the stack needs on a TPU VM is pinned exactly, as MaxText
     # 0.2.4's extra and its overrides file ask (torch: PyPI's stand-in build).
@@ -127,6 +131,8 @@ def test_reproducible_and_engines_agree(built, tmp_path, standin, project):
     again = build_standins(project, tmp_path / "a" / "dist", standin, tmp_path / "cold-cache")
     assert again.returncode == 0, again.stderr
     assert _sums(tmp_path / "a" / "dist") == _sums(out)
+    for page in ["index.html", *(p.relative_to(out) for p in (out / "simple").rglob("index.html"))]:
+        assert (tmp_path / "a" / "dist" / page).read_bytes() == (out / page).read_bytes(), page
     ng = build_standins(project, tmp_path / "b" / "dist", standin, tmp_path / "cold-cache", "--engine", "patch-ng")
     assert ng.returncode == 0, ng.stderr
     assert "(patch-ng)" in ng.stderr
