@@ -96,3 +96,17 @@ def test_readme_commands_are_the_ones_ci_runs():
     assert "uv pip install -c constraints.txt maxtext-rl-overlay" in readme
     test_command = re.search(r"<!-- test-command -->\n```sh\n(.+)\n```", readme).group(1)
     assert test_command in ci
+
+
+def test_every_matrix_cell_is_made_by_a_readme_install_command():
+    """The matrix installs each cell with the command the README shows users
+    (marked <!-- install --> and <!-- maxtext-install -->): the two cannot drift."""
+    from maxtext_rl_overlay import testmatrix
+
+    cells = testmatrix.load_cells(ROOT, quick=False)
+    assert {c.name for c in cells} >= {"py312", "maxtext-0.2.4"}
+    for cell in cells:
+        command = testmatrix.readme_command(ROOT, cell.install)
+        assert command[:5] == ["uv", "pip", "install", "-c", "constraints.txt"], (cell.name, command)
+    assert testmatrix.readme_command(ROOT, "install")[5:] == ["maxtext-rl-overlay"]
+    assert testmatrix.readme_command(ROOT, "maxtext-install")[5:] == ["maxtext-rl-overlay[maxtext]"]
