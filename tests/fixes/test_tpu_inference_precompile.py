@@ -1,0 +1,408 @@
+"""tpu-inference: the engine's own precompilation of the sampler under Explicit
+mesh axes (patches/tpu-inference/0001-0005).
+
+When the vLLM engine starts, `TPUWorker.initialize_from_config` precompiles the
+sampler before it allocates the KV caches (`_precompile_sampling`,
+`_precompile_gather_logprobs`, `_flush_compilations` of
+`tpu_inference/runner/compilation_manager.py`), and `capture_model` later
+precompiles the rejection samplers of speculative decoding
+(`_precompile_rejection_sampler`). The runner's mesh has Explicit axes
+whenever the sharding strategy names `device_indexes`, which Tunix's vLLM
+rollout always does (`VllmSampler._vllm_config`): `TPUModelRunner._create_2d_mesh`
+then calls `jax.make_mesh`, whose axes are Explicit by default in JAX 0.11.
+
+These tests run those very methods of the INSTALLED `CompilationManager` on a
+runner-like object holding only the attributes they read, computed as
+`TPUModelRunner._init_inputs` computes them (paddings from
+`tpu_inference.runner.utils`, the vocab aligned to the tensor-parallel size,
+the sampling key as `load_model` places it, a real `RejectionSampler`), so the
+dummy inputs and the sampling metadata are built by the compilation manager's
+own code. Each compilation is run and warmed up on its own, so that every one
+has its outcome:
+
+- upstream (sampling.py, binary_search.py and rejection_sampler.py with the
+  series reverse-applied, see unpatched.py, bound where the compilation
+  manager and the runner look them up): every compilation fails under Explicit
+  axes, with the report's AssertionError / ShardingTypeError, and for the
+  rejection samplers shard_map's ValueError;
+- upstream under MaxText 0.2.4's run-time shims: still fails (greedy `sample`
+  passes, nothing else does);
+- the overlay: every compilation passes, under Explicit and Auto axes.
+
+The compiled programs are also run on real inputs: the rejection samplers
+give the same tokens under Explicit axes as upstream under Auto axes (and,
+greedy, as on one device); `sample()` is checked in
+test_tpu_inference_sample.py and the logprobs in test_tpu_inference_logprobs.py.
+The real engine start (vLLM's `LLM`) is in test_tpu_inference_engine.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pathlib
+import re
+import sys
+import traceback
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.core import ShardingTypeError  # not exported publicly; the report's class
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+if str(pathlib.Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import maxtext_shims  # noqa: E402
+from matrix import AXIS_TYPES, MESHES  # noqa: E402
+from unpatched import load_unpatched  # noqa: E402
+
+CM = "tpu_inference.runner.compilation_manager"
+SAMPLING = "tpu_inference.layers.jax.sample.sampling"
+BSEARCH = "tpu_inference.layers.common.binary_search"
+REJECTION = "tpu_inference.layers.jax.sample.rejection_sampler"
+VOCAB = 1000  # aligned up to the tensor-parallel size, as the runner does
+MAX_NUM_SEQS = 8
+MAX_NUM_BATCHED_TOKENS = 32
+NUM_SPECULATIVE_TOKENS = 1
+MAX_LOGPROBS = 20
+
+# What makes the sampler fail at the pin, under Explicit axes.
+WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
+TOP_K_SHARDED = "should be unsharded over the axis along which to compute the top_k values"
+SHARD_MAP_SPECS = re.compile(r"in_specs passed to shard_map: P\('data',?\) does not match the specs of the input")
+SELECT_CASES = "select cases must have the same shardings"
+SAME_SHARDING = "All operands should have the same sharding"
+
+mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+axis_ids = pytest.mark.parametrize("axis_type", AXIS_TYPES)
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_compile_cache(monkeypatch):
+    # CompilationManager.__init__ points JAX's persistent compilation cache at
+    # vLLM's cache folder unless this is set: keep the suite's state to itself.
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+
+
+def runner_mesh(shape: tuple[int, int], axis_type: str) -> jax.sharding.Mesh:
+    """The runner's ("data", "model") mesh.
+
+    Explicit: built by TPUModelRunner._create_2d_mesh itself, given the
+    device_indexes that Tunix passes. Auto: what make_optimized_mesh builds
+    (jax.make_mesh with Auto axes; it sorts the devices by their TPU
+    coordinates, which CPU devices do not have).
+    """
+    from tpu_inference.layers.common.sharding import ShardingConfigManager, ShardingStrategy
+    from tpu_inference.runner.tpu_runner import TPUModelRunner
+
+    data, model = shape
+    if axis_type == "auto":
+        return jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    device_indexes = list(range(data * model))
+    by_id = {d.id: d for d in jax.local_devices()}
+    runner = types.SimpleNamespace(
+        vllm_config=types.SimpleNamespace(
+            sharding_config=ShardingConfigManager(
+                ShardingStrategy(tensor_parallelism=model, data_parallelism=data), device_indexes=device_indexes
+            )
+        ),
+        devices=[by_id[i] for i in device_indexes],  # as TPUWorker.init_device picks them
+    )
+    mesh = TPUModelRunner._create_2d_mesh(runner)
+    assert mesh.axis_types == (AxisType.Explicit, AxisType.Explicit), mesh
+    return mesh
+
+
+def runner_like(mesh: jax.sharding.Mesh, rejection_sampler_cls) -> types.SimpleNamespace:
+    """What CompilationManager's sampler precompilation reads from the runner,
+    computed as TPUModelRunner computes it (_init_inputs, load_model,
+    _init_speculative_decoding), for one request padding (8) and speculative
+    decoding with one draft token."""
+    from flax import nnx
+    from tpu_inference import envs
+    from tpu_inference import utils as common_utils
+    from tpu_inference.runner import utils as runner_utils
+
+    tp = mesh.shape["model"]
+    max_num_reqs = max(MAX_NUM_SEQS, runner_utils.MIN_NUM_SEQS)  # dp_size 1
+    return types.SimpleNamespace(
+        mesh=mesh,
+        rank=0,
+        vllm_config=types.SimpleNamespace(parallel_config=types.SimpleNamespace(tensor_parallel_size=tp)),
+        model_config=types.SimpleNamespace(max_logprobs=MAX_LOGPROBS, dtype=jnp.bfloat16),
+        vocab_size=common_utils.align_to(VOCAB, tp),
+        num_reqs_paddings=runner_utils.get_req_paddings(min_req_size=runner_utils.MIN_NUM_SEQS, max_req_size=max_num_reqs),
+        num_tokens_paddings=runner_utils.get_token_paddings(
+            min_token_size=envs.MIN_TOKEN_BUCKET,
+            max_token_size=MAX_NUM_BATCHED_TOKENS,
+            padding_gap=envs.VLLM_TPU_BUCKET_PADDING_GAP,
+        ),
+        speculative_config=types.SimpleNamespace(num_speculative_tokens=NUM_SPECULATIVE_TOKENS, method="ngram"),
+        num_logits_paddings=runner_utils.get_token_paddings(
+            min_token_size=runner_utils.MIN_NUM_SEQS,
+            max_token_size=max_num_reqs * (NUM_SPECULATIVE_TOKENS + 1),
+            padding_gap=0,
+        ),
+        rejection_sampler=rejection_sampler_cls(mesh),
+        rng_params_for_sampling=common_utils.device_array(
+            mesh, nnx.Rngs(jax.random.key(0)).params(), sharding=NamedSharding(mesh, P())
+        ),
+    )
+
+
+# --------------------------------------------------------------------------
+# The code under test: upstream's modules or the installed overlay's.
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """The pin's sampling.py and rejection_sampler.py, wired to the pin's binary_search.py."""
+    bsearch = load_unpatched("tpu-inference", BSEARCH)
+    sampling = load_unpatched("tpu-inference", SAMPLING)
+    rejection = load_unpatched("tpu-inference", REJECTION)
+    for mod in (sampling, rejection):
+        mod.topk_mask, mod.topp_mask = bsearch.topk_mask, bsearch.topp_mask
+        assert "constrain_sharding" not in pathlib.Path(mod.__file__).read_text()
+    return types.SimpleNamespace(sampling=sampling, rejection=rejection)
+
+
+@pytest.fixture(scope="module")
+def overlay():
+    return types.SimpleNamespace(sampling=importlib.import_module(SAMPLING), rejection=importlib.import_module(REJECTION))
+
+
+def precompile(code, mesh) -> dict[str, BaseException | None]:
+    """Run the sampler precompilation as the engine does, with `code`'s
+    sampler; return each compilation's outcome (None: lowered, compiled and
+    warmed up)."""
+    cmm = importlib.import_module(CM)
+    manager = cmm.CompilationManager(runner_like(mesh, code.rejection.RejectionSampler))
+    outcomes: dict[str, BaseException | None] = {}
+    run_compilation = manager._run_compilation
+
+    def run_one(name, fn, *args, **kwargs):
+        # The compilation manager's own call, then its own flush (the warmup
+        # call, where a failure to lower surfaces for compile_only=False), so
+        # that one failure does not hide the next compilation.
+        shapes = {k: v for k, v in kwargs.items() if k not in ("call_kwargs", "warmup_handler", "aot", "compile_only")}
+        label = f"{name.split(' ', 1)[1]}({', '.join(f'{k}={v}' for k, v in shapes.items())})"
+        try:
+            run_compilation(name, fn, *args, **kwargs)
+            manager._flush_compilations()
+            outcomes[label] = None
+        except Exception as e:  # noqa: BLE001 - recorded, asserted on below
+            manager._warmup_tasks.clear()
+            manager._compile_futures.clear()
+            outcomes[label] = e
+
+    functions = {
+        "sample": code.sampling.sample,
+        "compute_and_gather_logprobs": code.sampling.compute_and_gather_logprobs,
+        "compute_and_gather_prompt_logprobs": code.sampling.compute_and_gather_prompt_logprobs,
+    }
+    saved = {name: getattr(cmm, name) for name in functions}
+    try:
+        for name, fn in functions.items():
+            setattr(cmm, name, fn)  # where _precompile_* look them up
+        manager._run_compilation = run_one
+        # TPUWorker.initialize_from_config, before the KV caches are allocated:
+        manager._precompile_sampling()
+        manager._precompile_gather_logprobs()
+        manager._flush_compilations()
+        # capture_model, for speculative decoding (inside jax.set_mesh there):
+        with jax.set_mesh(mesh):
+            manager._precompile_rejection_sampler()
+            manager._flush_compilations()
+    finally:
+        for name, fn in saved.items():
+            setattr(cmm, name, fn)
+        manager._finalize_compilation()
+    return outcomes
+
+
+# What each compilation the engine makes must give on upstream code under
+# Explicit axes: (exception class, message).
+def upstream_failure(label: str, shims: bool):
+    if label.startswith("sample("):
+        sampling = "do_sampling=True" in label
+        if shims:  # MaxText's fallback to reshard: greedy works, the top-k search does not
+            return (ShardingTypeError, SELECT_CASES) if sampling else None
+        # without: the first constraint (sampling) or the last (greedy) asserts
+        return AssertionError, WSC_ASSERT
+    if label.startswith("gather_logprobs_spec("):
+        # logits replicated, token ids batch-sharded: concatenated with the
+        # replicated top-k (a one-device batch axis still names "data").
+        return ShardingTypeError, SAME_SHARDING
+    if label.startswith(("gather_logprobs(", "compute_and_gather_prompt_logprobs(")):
+        # MaxText's _compat_top_k reshards an operand whose `.sharding` it can
+        # read: a tracer's it cannot, so under jit top_k fails as before.
+        return ShardingTypeError, TOP_K_SHARDED
+    if "rejection_sampler(" in label:
+        return ValueError, SHARD_MAP_SPECS
+    raise AssertionError(f"no expectation for {label}")
+
+
+def table(outcomes) -> str:
+    return "\n".join(f"  {label}: {'ok' if e is None else f'{type(e).__name__}: {str(e)[:160]}'}" for label, e in outcomes.items())
+
+
+EXPECTED_LABELS = {
+    "sample(num_reqs=8, do_sampling=True, logprobs=True)",
+    "sample(num_reqs=8, do_sampling=True, logprobs=False)",
+    "sample(num_reqs=8, do_sampling=False, logprobs=True)",
+    "sample(num_reqs=8, do_sampling=False, logprobs=False)",
+    "gather_logprobs(num_reqs=8)",
+    "gather_logprobs_spec(num_logits=8, num_reqs=8)",
+    "gather_logprobs_spec(num_logits=16, num_reqs=8)",
+    "compute_and_gather_prompt_logprobs(num_tokens=16)",
+    "compute_and_gather_prompt_logprobs(num_tokens=32)",
+    "greedy_rejection_sampler(num_logits=8, num_reqs=8, do_sampling=False)",
+    "random_rejection_sampler(num_logits=8, num_reqs=8, do_sampling=True)",
+    "greedy_rejection_sampler(num_logits=16, num_reqs=8, do_sampling=False)",
+    "random_rejection_sampler(num_logits=16, num_reqs=8, do_sampling=True)",
+}
+
+
+def test_runner_mesh_is_explicit_with_tunix_device_indexes():
+    """Why the engine runs under Explicit axes: Tunix's vLLM rollout always names
+    device_indexes, and the runner then builds its mesh with jax.make_mesh."""
+    import inspect
+
+    from tunix.generate.vllm_sampler import VllmSampler
+
+    assert '"device_indexes": device_indexes' in inspect.getsource(VllmSampler._vllm_config)
+    for shape in MESHES:
+        mesh = runner_mesh(shape, "explicit")  # asserts the axis types
+        assert dict(mesh.shape) == {"data": shape[0], "model": shape[1]}
+        assert [d.id for d in mesh.devices.flat] == list(range(8))
+
+
+@mesh_ids
+def test_unpatched_precompile_fails_explicit(upstream, mesh_shape):
+    mesh = runner_mesh(mesh_shape, "explicit")
+    for shims in (False, True):
+        with maxtext_shims.maxtext_shims() if shims else contextlib.nullcontext():
+            jax.clear_caches()  # the shims act at trace time
+            outcomes = precompile(upstream, mesh)
+        jax.clear_caches()
+        assert set(outcomes) == EXPECTED_LABELS, table(outcomes)
+        for label, error in outcomes.items():
+            want = upstream_failure(label, shims)
+            what = f"{'with' if shims else 'without'} MaxText's shims, {label}:\n{table(outcomes)}"
+            if want is None:
+                assert error is None, what
+                continue
+            cls, message = want
+            assert isinstance(error, cls), what
+            assert (message.search(str(error)) if isinstance(message, re.Pattern) else message in str(error)), what
+        if not shims:
+            # the failures are upstream's, in the sampler, not in the compilation manager
+            frames = {f.name for f in _frames(outcomes["sample(num_reqs=8, do_sampling=True, logprobs=True)"])}
+            assert "sample" in frames, frames
+            frames = {f.name for f in _frames(outcomes["gather_logprobs(num_reqs=8)"])}
+            assert "gather_logprobs" in frames, frames
+            frames = {f.name for f in _frames(outcomes["random_rejection_sampler(num_logits=8, num_reqs=8, do_sampling=True)"])}
+            assert "forward" in frames, frames
+
+
+@mesh_ids
+@axis_ids
+def test_precompile_passes(overlay, upstream, mesh_shape, axis_type):
+    mesh = runner_mesh(mesh_shape, axis_type)
+    outcomes = precompile(overlay, mesh)
+    assert set(outcomes) == EXPECTED_LABELS, table(outcomes)
+    assert all(e is None for e in outcomes.values()), f"overlay, {axis_type}:\n{table(outcomes)}"
+    if axis_type == "auto":
+        # the control: upstream's sampler precompiles under Auto axes
+        outcomes = precompile(upstream, mesh)
+        assert all(e is None for e in outcomes.values()), f"upstream, auto:\n{table(outcomes)}"
+
+
+def _frames(error: BaseException):
+    return traceback.extract_tb(error.__traceback__)
+
+
+# --------------------------------------------------------------------------
+# The rejection samplers (patch 0005) on real inputs.
+
+NUM_REQS = 8
+DRAFTS = 2  # per request: num_logits = 16, divisible by every data axis
+
+
+def rejection_inputs(mesh, vocab: int):
+    """Target logits sharded as the precompilation shards them, the rest
+    replicated, as `device_array` places it by default."""
+    rng = np.random.default_rng(20261130)
+    num_logits = NUM_REQS * DRAFTS
+    logits = (rng.normal(size=(num_logits, vocab)) * 3).astype(np.float32)
+    greedy = logits.argmax(-1)
+    # accept some drafts, reject others: request r takes the argmax for its
+    # first r % 3 drafts
+    draft = rng.integers(0, vocab, num_logits).astype(np.int32)
+    for r in range(NUM_REQS):
+        for j in range(min(r % 3, DRAFTS)):
+            draft[r * DRAFTS + j] = greedy[r * DRAFTS + j]
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    return dict(
+        draft_token_ids=put(draft, P(None)),
+        num_draft_tokens=put(np.full(NUM_REQS, DRAFTS, np.int32), P(None)),
+        draft_probs=None,
+        target_logits=put(logits, P("data", "model")),
+        bonus_token_ids=put(rng.integers(0, vocab, NUM_REQS).astype(np.int32), P(None)),
+    )
+
+
+def rejection_metadata(mesh, do_sampling: bool):
+    from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
+
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P(None)))  # noqa: E731
+    dummy = put(np.zeros((2,), np.int32))
+    if not do_sampling:
+        return TPUSupportedSamplingMetadata(_cache_collision_dummy=dummy, do_sampling=False)
+    return TPUSupportedSamplingMetadata(
+        temperature=put(np.array([0.7, 1.0, 1.3, 0.5, 1.0, 2.0, 0.9, 1.1], np.float32)),
+        top_k=put(np.array([5, 0, 3, 50, 1, 0, 10, 20], np.int32)),
+        top_p=put(np.array([0.9, 0.8, 1.0, 1.0, 0.5, 1.0, 0.95, 0.7], np.float32)),
+        _cache_collision_dummy=dummy,
+        do_sampling=True,
+    )
+
+
+def run_rejection(module, mesh, do_sampling: bool, lower: bool = False):
+    vocab = 1024
+    sampler = module.RejectionSampler(mesh)
+    args = rejection_inputs(mesh, vocab)
+    md = rejection_metadata(mesh, do_sampling)
+    key = jax.device_put(jax.random.key(7), NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh):
+        if lower:
+            return sampler.forward.lower(sampler, **args, sampling_metadata=md, key=key).as_text()
+        out = sampler(**args, sampling_metadata=md, key=key)
+    return np.asarray(out)
+
+
+@mesh_ids
+def test_rejection_sampler_explicit_matches_auto(overlay, upstream, mesh_shape):
+    explicit, auto = runner_mesh(mesh_shape, "explicit"), runner_mesh(mesh_shape, "auto")
+    for do_sampling in (False, True):
+        what = "random" if do_sampling else "greedy"
+        with pytest.raises(ValueError, match=SHARD_MAP_SPECS):
+            run_rejection(upstream.rejection, explicit, do_sampling)
+        want = run_rejection(upstream.rejection, auto, do_sampling)
+        assert want.shape == (NUM_REQS * DRAFTS + NUM_REQS,)
+        np.testing.assert_array_equal(run_rejection(overlay.rejection, explicit, do_sampling), want, err_msg=what)
+        np.testing.assert_array_equal(run_rejection(overlay.rejection, auto, do_sampling), want, err_msg=what)
+        # Auto axes: the patched rejection sampler is upstream's program
+        assert run_rejection(overlay.rejection, auto, do_sampling, lower=True) == run_rejection(
+            upstream.rejection, auto, do_sampling, lower=True
+        ), what
+    if mesh_shape[0] == 1:
+        # one data shard: the greedy result is the single device's too
+        one = jax.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+        np.testing.assert_array_equal(
+            run_rejection(overlay.rejection, explicit, False), run_rejection(overlay.rejection, one, False)
+        )
