@@ -207,6 +207,10 @@ def main() -> int:
                 "frames": frames(error),
             }
             traceback.print_exc()
+    # Were MaxText's module-level shims active in the engine? Where maxtext is
+    # installed, vLLM's general plugin (maxtext_vllm_adapter) imports MaxText,
+    # whose Tunix adapter replaces jax.lax functions, in every vLLM process.
+    result["maxtext_shims"] = getattr(jax.lax.with_sharding_constraint, "__module__", "").startswith("maxtext.")
     out_path.write_text(json.dumps(result, indent=1))
     return 0
 

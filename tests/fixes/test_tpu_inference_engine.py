@@ -39,10 +39,10 @@ import re
 import subprocess
 import sys
 
-import pytest
 
 if str(pathlib.Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(pathlib.Path(__file__).parent))
+import maxtext_shims  # noqa: E402
 from matrix import PLATFORM  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -104,10 +104,17 @@ def test_unpatched_engine_start_dies_in_the_sampler_precompile(tmp_path):
     assert ("tpu_inference/runner/compilation_manager.py", "_precompile_gather_logprobs") in functions, describe(result)
     assert ("unpatched:tpu_inference.layers.jax.sample.sampling__unpatched.py", "gather_logprobs") in functions, describe(result)
     # Before it: the four sample() variants did not lower (AssertionError),
-    # left to the warm-up call that gather_logprobs never let come.
+    # left to the warm-up call that gather_logprobs never let come. With
+    # MaxText's shims active in the engine (maxtext installed: its vLLM plugin
+    # imports them), greedy lowers and the two sampling variants fail in the
+    # top-k search: the report's own set-up, which dies in the same place.
     events = events_of(result, "initialize_from_config")
     skipped = [e["message"] for e in events if e["event"] == "lower_skipped"]
-    assert len(skipped) == 4 and all("worker0 sample" in m and "AssertionError" in m and WSC_ASSERT in m for m in skipped), skipped
+    if result["maxtext_shims"]:
+        assert len(skipped) == 2 and all("worker0 sample" in m and "select cases must have the same shardings" in m for m in skipped), skipped
+    else:
+        assert len(skipped) == 4 and all("worker0 sample" in m and "AssertionError" in m and WSC_ASSERT in m for m in skipped), skipped
+    assert result["maxtext_shims"] == (maxtext_shims.ADAPTER is not None), "the engine runs MaxText's shims exactly where maxtext is installed"
     assert not any(e["event"] == "flushed" for e in events)
 
 

@@ -141,7 +141,7 @@ def unsharded_sample(module, do_sampling: bool, key=0):
 def test_unpatched_sample_fails_explicit(upstream, mesh_shape):
     mesh = make_mesh(mesh_shape, "explicit")
     for do_sampling in (False, True):  # greedy: the final wsc to P(); sampling: the first
-        with pytest.raises(AssertionError, match=re.escape(WSC_ASSERT)):
+        with maxtext_shims.upstream_failure(AssertionError, match=re.escape(WSC_ASSERT)):
             run_sample(upstream, mesh, do_sampling)
     # Under MaxText's global fallback to reshard, greedy works but sampling
     # fails in the top-k/top-p binary search.
@@ -187,7 +187,7 @@ def test_unpatched_sample_replicated_metadata_fails_explicit(upstream, before_00
     mesh = make_mesh(mesh_shape, "explicit")
     for name in ("replicated", "P()"):
         spec = METADATA_SPECS[name]
-        with pytest.raises(AssertionError, match=re.escape(WSC_ASSERT)):
+        with maxtext_shims.upstream_failure(AssertionError, match=re.escape(WSC_ASSERT)):
             run_sample(upstream, mesh, True, metadata_spec=spec)
         with maxtext_shims.maxtext_shims():
             jax.clear_caches()
@@ -350,7 +350,7 @@ def test_constrain_sharding_semantics():
     # eager, on a concrete array, without a mesh set
     eager = constrain_sharding(xe, NamedSharding(explicit, P()))
     assert eager.sharding.spec == P(None, None) and np.array_equal(np.asarray(eager), x_host)
-    with pytest.raises(AssertionError, match=re.escape(WSC_ASSERT)), jax.set_mesh(explicit):
+    with maxtext_shims.upstream_failure(AssertionError, match=re.escape(WSC_ASSERT)), jax.set_mesh(explicit):
         jax.jit(lambda a: jax.lax.with_sharding_constraint(a, P()))(xe)  # what it replaces
 
     # Mixed mesh: a spec naming only Auto axes is constrained, one naming an
@@ -406,7 +406,7 @@ def test_layers_call_sites_explicit():
     patched_layers = importlib.import_module(LAYERS)
     upstream_layers = load_unpatched("tpu-inference", LAYERS)
     explicit = make_mesh((2, 4), "explicit", ("data", "model"))
-    with pytest.raises(AssertionError, match=re.escape(WSC_ASSERT)):
+    with maxtext_shims.upstream_failure(AssertionError, match=re.escape(WSC_ASSERT)):
         _layers_outputs(upstream_layers, explicit)
     got = _layers_outputs(patched_layers, explicit)
     want = _layers_outputs(patched_layers, make_mesh((2, 4), "auto", ("data", "model")))

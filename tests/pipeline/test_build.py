@@ -15,6 +15,7 @@ import urllib.parse
 
 import pytest
 from pipeline_support import (
+    ALL,
     PROJECT,
     build_standins,
     git_repo_of,
@@ -62,9 +63,9 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     assert "--find-links ./dist\n" in constraints
     assert "--find-links .\n" in (out / "constraints.txt").read_text()
     assert sorted(p.relative_to(out).as_posix() for p in (out / "simple").rglob("index.html")) == [
-        "simple/google-tunix/index.html", "simple/index.html", "simple/maxtext-rl-overlay/index.html", "simple/tpu-inference/index.html"]
+        "simple/google-tunix/index.html", "simple/index.html", "simple/maxtext-rl-overlay/index.html",
+        "simple/maxtext-vllm-adapter/index.html", "simple/tpu-inference/index.html", "simple/vllm/index.html"]
     assert oct(out.stat().st_mode & 0o777) == "0o755", "readable by a web server running as another user"
-    # The closure the stack needs on a TPU VM is pinned exactly.
     # The closure the stack needs on a TPU VM is pinned exactly, as MaxText
     # 0.2.4's extra and its overrides file ask (torch: PyPI's stand-in build).
     for pin in ("jax==0.11.0", "jaxlib==0.11.0", "libtpu==0.0.44", "flax==0.12.8", "qwix==0.1.8", "optax==0.2.6",
@@ -125,15 +126,17 @@ def test_install_with_constraints_then_verify(built, tmp_path):
 
 
 def test_reproducible_and_engines_agree(built, tmp_path, standin, project):
-    """Same pins -> byte-identical wheels: a second build with a cold cache, and
-    a build with the patch-ng engine (no git), give the same sha256."""
+    """Same pins -> byte-identical wheels: a second build with a cold cache (a
+    new vLLM build environment too) in another folder, and a build with the
+    patch-ng engine (no git), give the same sha256, vLLM's compiled
+    extensions included."""
     out, _ = built
-    again = build_standins(project, tmp_path / "a" / "dist", standin, tmp_path / "cold-cache")
+    again = build_standins(project, tmp_path / "a" / "dist", standin, tmp_path / "cold-cache", only=ALL)
     assert again.returncode == 0, again.stderr
     assert _sums(tmp_path / "a" / "dist") == _sums(out)
     for page in ["index.html", *(p.relative_to(out) for p in (out / "simple").rglob("index.html"))]:
         assert (tmp_path / "a" / "dist" / page).read_bytes() == (out / page).read_bytes(), page
-    ng = build_standins(project, tmp_path / "b" / "dist", standin, tmp_path / "cold-cache", "--engine", "patch-ng")
+    ng = build_standins(project, tmp_path / "b" / "dist", standin, tmp_path / "cold-cache", "--engine", "patch-ng", only=ALL)
     assert ng.returncode == 0, ng.stderr
     assert "(patch-ng)" in ng.stderr
     assert _sums(tmp_path / "b" / "dist") == _sums(out)
