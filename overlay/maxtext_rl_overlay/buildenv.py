@@ -47,6 +47,7 @@ _PROBE = (
 
 @dataclasses.dataclass(frozen=True)
 class BuildEnv:
+    root: pathlib.Path  # the venv (its path must not reach the wheel's bytes)
     python: pathlib.Path
     env: dict[str, str]  # what the build runs with: PATH first, and CUDA settings for a CUDA torch
     torch: str  # the torch distribution installed there (its version)
@@ -66,18 +67,21 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
     if info["version"] != torch.version:
         raise OverlayError(f"{who}: the build environment {root} holds torch {info['version']}, not the closure's {torch.version}; delete it and build again.")
     bindir = root / "bin"
-    env = {"PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # No RPATH: CMake would set one naming this environment's torch and blank
+    # it at install without shrinking the string table, so the path's length
+    # would reach the wheel's bytes (and no installed wheel may point here).
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}", "CMAKE_ARGS": "-DCMAKE_SKIP_RPATH=ON"}
     if info["cuda"]:
         cuda = pathlib.Path(info["cuda_home"])
         env.update(
             CUDA_HOME=str(cuda),
             PATH=f"{bindir}{os.pathsep}{cuda / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
-            CMAKE_ARGS=f"-DCUDA_TOOLKIT_ROOT_DIR={cuda} -DCUDAToolkit_ROOT={cuda} -DCMAKE_CUDA_COMPILER={cuda / 'bin' / 'nvcc'}",
+            CMAKE_ARGS=f"{env['CMAKE_ARGS']} -DCUDA_TOOLKIT_ROOT_DIR={cuda} -DCUDAToolkit_ROOT={cuda} -DCMAKE_CUDA_COMPILER={cuda / 'bin' / 'nvcc'}",
         )
         step.note(who, f"built against torch {info['version']} (CUDA {info['cuda']} build: the stand-in); its extensions will link libtorch_cuda.so too")
     else:
         step.note(who, f"built against torch {info['version']} (CPU build)")
-    return BuildEnv(bindir / "python", env, info["version"], info["cuda"])
+    return BuildEnv(root, bindir / "python", env, info["version"], info["cuda"])
 
 
 def _build_requires(who: str, tree: pathlib.Path, torch: Torch) -> list[str]:

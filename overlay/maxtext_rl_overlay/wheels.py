@@ -98,10 +98,17 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
     uv = shutil.which("uv")
     if uv is None:
         raise OverlayError("uv is not installed; install it (pip install uv) to build wheels.")
-    # Compiled code records source paths (debug info, __FILE__): map the
-    # build's temporary folder away, so that the bytes do not depend on it.
+    # Compiled code records source paths (debug info, __FILE__, also of the
+    # headers it includes): map the build's temporary folder and the build
+    # environment's (torch's headers) away, so that the bytes depend on neither.
     prefix_map = f"-ffile-prefix-map={tree}=."
+    if build_env is not None:
+        prefix_map += f" -ffile-prefix-map={build_env.root}=/buildenv"
     flags = {var: f"{os.environ.get(var, '')} {prefix_map}".strip() for var in ("CFLAGS", "CXXFLAGS")}
+    if build_env is not None:
+        # The linker's build id hashes what it saw of the build environment's
+        # path before stripping: without one, the same inputs give the same bytes.
+        flags["LDFLAGS"] = f"{os.environ.get('LDFLAGS', '')} -Wl,--build-id=none".strip()
     with tempfile.TemporaryDirectory(prefix="mrl-wheel-") as tmp, resources.as_file(BUILD_CONSTRAINTS) as constraints:
         full_env = dict(os.environ, **flags, **env, SOURCE_DATE_EPOCH=epoch, PYTHONHASHSEED="0", UV_PYTHON_DOWNLOADS="never")
         cmd = [uv, "build", "--wheel", "--no-progress", "--out-dir", tmp]
