@@ -29,11 +29,14 @@ from .errors import OverlayError
 from .pins import Project
 from .progress import step
 
-#: The target a TPU VM is, for evaluating MaxText's requirement markers.
+#: What the stack runs on: a TPU VM (x86_64 Linux, Python 3.12). The closure
+#: is resolved for it, and MaxText's requirement markers are evaluated for it.
+TARGET_PYTHON = "3.12"
+TARGET_PLATFORM = "x86_64-manylinux_2_31"
 TARGET_MARKERS = {
-    "python_version": "3.12", "python_full_version": "3.12.0", "sys_platform": "linux", "platform_system": "Linux",
-    "platform_machine": "x86_64", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-    "os_name": "posix",
+    "python_version": TARGET_PYTHON, "python_full_version": f"{TARGET_PYTHON}.0", "sys_platform": "linux",
+    "platform_system": "Linux", "platform_machine": TARGET_PLATFORM.split("-", 1)[0], "implementation_name": "cpython",
+    "platform_python_implementation": "CPython", "os_name": "posix",
 }
 
 

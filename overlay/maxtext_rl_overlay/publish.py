@@ -22,14 +22,11 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from .environment import Environment
+from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .digest import sha256_file
 from .progress import step
 
-#: What the stack runs on: a TPU VM (x86_64 Linux, Python 3.12).
-TARGET_PYTHON = "3.12"
-TARGET_PLATFORM = "x86_64-manylinux_2_31"
 #: In the index of a stand-in-torch build: what the MaxText form of the install needs.
 STANDIN_OVERRIDES = "torch-standin-overrides.txt"
 

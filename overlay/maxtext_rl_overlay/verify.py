@@ -61,7 +61,7 @@ def _origin(dist: md.Distribution) -> str:
     return f"{vcs.get('vcs', '')}+{url}@{vcs.get('commit_id', '')}" if vcs else url
 
 
-def _replaced(name: str, want: str, found: str, dist: md.Distribution) -> str:
+def _replaced(want: str, found: str, dist: md.Distribution) -> str:
     """The found version, explained when another build took our place."""
     try:
         ours, theirs = Version(want), Version(found)
@@ -87,7 +87,7 @@ def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Find
         if canonicalize_name(dist.metadata["Name"]) != canonicalize_name(name):
             findings.append(Finding(name, "name", name, dist.metadata["Name"], False))
         same = dist.version == want["version"]
-        findings.append(Finding(name, "version", want["version"], dist.version if same else _replaced(name, want["version"], dist.version, dist), same))
+        findings.append(Finding(name, "version", want["version"], dist.version if same else _replaced(want["version"], dist.version, dist), same))
         if want["from_pin"]:
             findings.append(Finding(name, "source", f"pin {want['pin']['commit'][:12]}", f"pin {want['pin']['commit'][:12]}", True))
         else:
