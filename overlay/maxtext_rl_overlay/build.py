@@ -25,6 +25,7 @@ from .errors import OverlayError
 from .patching import apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
+from .staging import staged_dir, write_atomically
 
 
 @dataclasses.dataclass
@@ -64,9 +65,10 @@ def build(opts: BuildOptions) -> BuildResult:
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = opts.cache or sources.cache_root()
     env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=out.name + ".partial-", dir=out.parent))
-    staging.chmod(0o755)  # mkdtemp makes it 0700; a web server may run as another user
-    try:
+    # Everything is made in a staging folder beside `out` and moved into place
+    # at the end (0755: a web server may run as another user); constraints.txt
+    # is written only once the index is in place.
+    with staged_dir(out, replace=True, mode=0o755) as staging:
         entries: dict[str, dict] = {}
         for pin in chosen:
             entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
@@ -95,11 +97,7 @@ def build(opts: BuildOptions) -> BuildResult:
         # With --base-url it names the index by that URL instead.
         (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or ""))
         text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env)
-        publish.replace_dir(staging, out)
-        publish.write_atomically(constraints_path, text)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    write_atomically(constraints_path, text)
     for note in notes:
         step.note("build", note)
     step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")

@@ -96,7 +96,7 @@ _PIN_KEYS = {"distribution", "import-package", "repository", "commit", "tree", "
 _BUILD_KEYS = {"env", "requirements", "requirement-files", "torch"}
 
 
-def _refuse_unknown(found: set[str], known: set[str], where: str) -> None:
+def refuse_unknown(found: set[str], known: set[str], where: str) -> None:
     """A misspelt key would otherwise fall back to a default silently."""
     unknown = sorted(found - known)
     if unknown:
@@ -115,8 +115,8 @@ def read_pin(directory: pathlib.Path) -> Pin:
         raise OverlayError(f"{pin_file} is missing.") from None
     except tomllib.TOMLDecodeError as exc:
         raise OverlayError(f"{pin_file} is not valid TOML: {exc}") from None
-    _refuse_unknown(set(data), _PIN_KEYS, str(pin_file))
-    _refuse_unknown(set(data.get("build", {})), _BUILD_KEYS, f"{pin_file} [build]")
+    refuse_unknown(set(data), _PIN_KEYS, str(pin_file))
+    refuse_unknown(set(data.get("build", {})), _BUILD_KEYS, f"{pin_file} [build]")
     try:
         build = data.get("build", {})
         pin = Pin(

@@ -166,29 +166,6 @@ def overrides_text(env: Environment) -> str:
     )
 
 
-def replace_dir(staging: pathlib.Path, dest: pathlib.Path) -> None:
-    """Put `staging` where `dest` is, so a reader sees the old or the new
-    index, never a mix (two renames; the old one is removed last)."""
-    old = None
-    if dest.exists():
-        old = pathlib.Path(tempfile.mkdtemp(prefix=dest.name + ".old-", dir=dest.parent))
-        os.replace(dest, old / "x")
-    os.replace(staging, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def write_atomically(path: pathlib.Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def local_view(index_dir: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
     """The constraints file to install `index_dir`'s own wheels with. A build
     with --base-url names its index by the URL it will be published at, which

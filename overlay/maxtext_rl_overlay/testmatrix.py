@@ -16,15 +16,26 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 import xml.etree.ElementTree as ET
+
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from . import publish
 from .errors import OverlayError
+from .pins import load_project, refuse_unknown
 from .progress import step
 from .publish import STANDIN_OVERRIDES
 
-PLATFORMS = ("cpu", "tpu")
+#: Where the suite runs: "cpu" simulates the 8 chips of a TPU v6e-8, "tpu" is one.
+Platform = Literal["cpu", "tpu"]
+PLATFORMS: tuple[Platform, ...] = get_args(Platform)
+#: The devices every mesh of the matrix spans (a v6e-8).
+DEVICES = 8
+AXIS_TYPES = ("explicit", "auto")
+
+_MATRIX_KEYS = {"cells", "meshes", "axis-types", "k", "dtypes", "quick"}
+_CELL_KEYS = {"name", "python", "install", "env", "runs"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +45,18 @@ class Cell:
     install: str  # the README marker of the command that makes the venv: <!-- install -->
     env: dict[str, str]
     runs: dict[str, dict[str, str]]  # run name -> extra environment; one pytest process each
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    """[tool.maxtext-rl-overlay.matrix], checked: what the matrix runs, and
+    what tests/fixes is parametrized over."""
+
+    cells: tuple[Cell, ...]
+    meshes: tuple[tuple[int, int], ...]
+    axis_types: tuple[str, ...]
+    k: tuple[int, ...]
+    dtypes: tuple[str, ...]
 
 
 @dataclasses.dataclass
@@ -52,15 +75,70 @@ class CellResult:
         return self.verify == "yes" and self.failed == 0 and self.errors == 0 and self.passed > 0
 
 
-def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
-    table = tomllib.loads((project_root / "pyproject.toml").read_text())["tool"]["maxtext-rl-overlay"]["matrix"]
-    cells = table["cells"]
+def load_matrix(config: Mapping[str, Any], *, where: str, quick: bool) -> Matrix:
+    """The matrix table of the project's config ([tool.maxtext-rl-overlay]),
+    validated; with `quick`, its `quick` entries replace the full ones."""
+    table = dict(config.get("matrix") or {})
+    where = f"{where} [tool.maxtext-rl-overlay.matrix]"
+    if not table:
+        raise OverlayError(f"{where} is missing: the matrix's cells and parameters are declared there.")
+    refuse_unknown(set(table), _MATRIX_KEYS, where)
+    subset = dict(table.pop("quick", {}))
+    refuse_unknown(set(subset), _MATRIX_KEYS - {"quick"}, f"{where[:-1]}.quick]")
+    missing = sorted(_MATRIX_KEYS - {"quick"} - set(table))
+    if missing:
+        raise OverlayError(f"{where} lacks {', '.join(missing)}.")
+    cells = [_cell(c, where) for c in _list(table, "cells", where, dict)]
+    names = [c.name for c in cells]
+    if len(set(names)) != len(names):
+        raise OverlayError(f"{where}: two cells are named alike ({', '.join(names)}).")
     if quick:
-        cells = [c for c in cells if c["name"] in table["quick"].get("cells", [c["name"] for c in cells])]
-    return [
-        Cell(c["name"], c["python"], c["install"], dict(c.get("env", {})), dict(c.get("runs", {"": {}})))
-        for c in cells
-    ]
+        chosen = _list(subset, "cells", f"{where} quick", str) if "cells" in subset else names
+        unknown = sorted(set(chosen) - set(names))
+        if unknown:
+            raise OverlayError(f"{where} quick: unknown cell(s) {', '.join(unknown)}; the cells are {', '.join(names)}.")
+        cells = [c for c in cells if c.name in chosen]
+        table.update({k: v for k, v in subset.items() if k != "cells"})
+    meshes = []
+    for mesh in _list(table, "meshes", where, list):
+        if len(mesh) != 2 or not all(isinstance(n, int) and n > 0 for n in mesh) or mesh[0] * mesh[1] != DEVICES:
+            raise OverlayError(f"{where}: mesh {mesh} must be two positive sizes whose product is {DEVICES} (a v6e-8).")
+        meshes.append((mesh[0], mesh[1]))
+    axis_types = _list(table, "axis-types", where, str)
+    if set(axis_types) - set(AXIS_TYPES):
+        raise OverlayError(f"{where}: axis-types must be among {', '.join(AXIS_TYPES)}, not {axis_types}.")
+    k = _list(table, "k", where, int)
+    if any(n <= 0 for n in k):
+        raise OverlayError(f"{where}: every k must be positive, not {k}.")
+    return Matrix(tuple(cells), tuple(meshes), tuple(axis_types), tuple(k), tuple(_list(table, "dtypes", where, str)))
+
+
+def _list(table: Mapping[str, Any], key: str, where: str, kind: type) -> list[Any]:
+    value = table.get(key)
+    if not isinstance(value, list) or not value or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
+        raise OverlayError(f"{where}: {key} must be a non-empty list of {kind.__name__}, not {value!r}.")
+    return value
+
+
+def _cell(c: dict[str, Any], where: str) -> Cell:
+    refuse_unknown(set(c), _CELL_KEYS, f"{where} cell {c.get('name', '?')!r}")
+    try:
+        name, python, install = str(c["name"]), str(c["python"]), str(c["install"])
+    except KeyError as exc:
+        raise OverlayError(f"{where}: a cell lacks {exc.args[0]!r} (each needs name, python and install).") from None
+    runs = c.get("runs", {"": {}})
+    if not isinstance(runs, dict) or not runs or not all(isinstance(v, dict) for v in runs.values()):
+        raise OverlayError(f"{where} cell {name!r}: runs must be a table of run name -> environment.")
+    env = c.get("env", {})
+    if not isinstance(env, dict):
+        raise OverlayError(f"{where} cell {name!r}: env must be a table.")
+    return Cell(name, python, install, {k: str(v) for k, v in env.items()},
+                {r: {k: str(v) for k, v in e.items()} for r, e in runs.items()})
+
+
+def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
+    project = load_project(project_root)
+    return list(load_matrix(project.config, where=str(project.root / "pyproject.toml"), quick=quick).cells)
 
 
 def readme_command(project_root: pathlib.Path, marker: str) -> list[str]:
