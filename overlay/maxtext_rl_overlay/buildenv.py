@@ -26,7 +26,6 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import tomllib
 from importlib import resources
 
@@ -34,6 +33,7 @@ from packaging.requirements import Requirement
 
 from .environment import Torch
 from .errors import OverlayError
+from .proc import run
 from .progress import step
 
 BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
@@ -109,15 +109,11 @@ def _build_requires(who: str, tree: pathlib.Path, torch: Torch) -> list[str]:
 
 
 def _version_of(python: str) -> str:
-    return subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True).stdout.strip()
+    return str(run([python, "-c", "import sys; print(sys.version)"], what=f"asking {python} its version").stdout).strip()
 
 
 def _run(who: str, cmd: list[str], what: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, UV_PYTHON_DOWNLOADS="never"))
-    if proc.returncode != 0:
-        tail = "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-12:])
-        raise OverlayError(f"{who}: {what} failed:\n    {tail}")
-    return proc.stdout
+    return str(run(cmd, who=who, what=what, env={"UV_PYTHON_DOWNLOADS": "never"}, log=True).stdout)
 
 
 def _make(who: str, root: pathlib.Path, python: str, requires: list[str], torch: Torch) -> None:

@@ -8,9 +8,9 @@ import email.parser
 import email.policy
 import pathlib
 import re
-import subprocess
 
 from .errors import OverlayError
+from .git import git
 
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Inappropriate")
 _DIFF = re.compile(r"^diff --git a/(.+?) b/(.+)$")
@@ -137,8 +137,7 @@ def lint(patch: PatchFile) -> list[str]:
 
 def patch_id(path: pathlib.Path) -> str:
     """`git patch-id --stable`: the same for the same change wherever it applies."""
-    proc = subprocess.run(["git", "patch-id", "--stable"], input=path.read_bytes(), capture_output=True, check=True)
-    out = proc.stdout.split()
+    out = git("patch-id", "--stable", input=path.read_bytes(), text=False, what=f"git patch-id of {path.name}").stdout.split()
     if not out:
         raise OverlayError(f"{path}: git patch-id found no diff in it.")
     return out[0].decode()

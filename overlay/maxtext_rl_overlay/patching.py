@@ -11,28 +11,28 @@ tree only the exact hunks (no fuzz) can be checked, and the result says so.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal, get_args
 import os
 import pathlib
 import shutil
-import subprocess
 import tempfile
 
 from . import gittree, patchfile
 from .errors import OverlayError
 from .patchfile import ZERO, PatchFile
 from .pins import Pin
+from .git import git
+from .proc import output_tail
 from .progress import step
+from .staging import staged_dir
 from .sources import Source
 
-ENGINES = ("git", "patch-ng")
-_IDENT = {
-    "GIT_AUTHOR_NAME": "maxtext-rl-overlay",
-    "GIT_AUTHOR_EMAIL": "maxtext-rl-overlay@localhost",
-    "GIT_COMMITTER_NAME": "maxtext-rl-overlay",
-    "GIT_COMMITTER_EMAIL": "maxtext-rl-overlay@localhost",
-    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
-    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
-}
+#: The two ways of applying a series; they must give the same answers.
+Engine = Literal["git", "patch-ng"]
+ENGINES: tuple[Engine, ...] = get_args(Engine)
+# The private repository's commits are thrown away with it: a fixed date
+# keeps even their ids the same from run to run.
+_DATES = {"GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +44,11 @@ class AppliedPatch:
     files: tuple[str, ...]
 
 
-def default_engine() -> str:
+def default_engine() -> Engine:
     return "git" if shutil.which("git") else "patch-ng"
 
 
-def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: str | None = None) -> list[AppliedPatch]:
+def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine | None = None) -> list[AppliedPatch]:
     """Copy `source` to `dest` (which must not exist) with the series applied."""
     engine = engine or default_engine()
     if engine not in ENGINES:
@@ -60,12 +60,10 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: str | 
     if problems:
         raise OverlayError("the series does not pass the patch lint:\n  " + "\n  ".join(problems))
     check_blobs = source.from_pin
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    work = pathlib.Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
-    try:
+    with staged_dir(dest) as work:
         shutil.copytree(source.path, work, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
         if engine == "git" and patches:
-            _git_init(work)
+            _git_init(work, pin.distribution)
         applied = []
         for patch in patches:
             with step(pin.distribution, f"applying {patch.name} ({engine})"):
@@ -90,10 +88,6 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: str | 
                 )
             )
         shutil.rmtree(work / ".git", ignore_errors=True)
-        os.replace(work, dest)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return applied
 
 
@@ -123,7 +117,7 @@ def _check_images(pin: Pin, patch: PatchFile, work: pathlib.Path, which: str) ->
             )
 
 
-def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engine: str) -> None:
+def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engine: Engine) -> None:
     """An already-applied patch must be an error, not a silent no-op."""
     changes = [c for c in patch.files if c.pre]
     if changes and all(c.pre != c.post and _blob_of(work, c.path) == c.post for c in changes):
@@ -132,7 +126,7 @@ def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engi
         # `git apply -R --check` ignores modes, so it says nothing of a patch
         # without hunks; git am itself refuses such a patch when it changes nothing.
         has_hunks = any(c.has_hunks or c.binary for c in patch.files)
-        already = has_hunks and subprocess.run(["git", "apply", "-R", "--check", str(patch.path)], cwd=work, capture_output=True).returncode == 0
+        already = has_hunks and git("apply", "-R", "--check", str(patch.path), cwd=work, check=False).returncode == 0
     else:
         found = _locate_hunks(_patch_ng_set(patch), work)
         found += [(False, _blob_of(work, c.path) == c.post) for c in patch.files if c.pre == ZERO]
@@ -144,27 +138,19 @@ def _refuse_already_applied(pin: Pin, patch: PatchFile, work: pathlib.Path, engi
         )
 
 
-def _git_init(work: pathlib.Path) -> None:
-    env = dict(os.environ, **_IDENT)
+def _git_init(work: pathlib.Path, who: str) -> None:
     for args in (["init", "-q"], ["add", "-A", "-f"], ["commit", "-q", "--no-verify", "-m", "upstream"]):
-        subprocess.run(["git", *args], cwd=work, env=env, capture_output=True, check=True)
+        git(*args, cwd=work, env=_DATES, who=who, what=f"importing the source into a private repository (git {args[0]})")
 
 
 def _git_am(pin: Pin, patch: PatchFile, work: pathlib.Path) -> None:
-    env = dict(os.environ, **_IDENT)
-    proc = subprocess.run(
-        ["git", "-c", "core.hooksPath=/dev/null", "am", "-3", "--keep-cr", "--committer-date-is-author-date", str(patch.path)],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    proc = git("am", "-3", "--keep-cr", "--committer-date-is-author-date", str(patch.path), cwd=work, env=_DATES, check=False)
     if proc.returncode != 0:
-        detail = (proc.stdout + proc.stderr).strip().splitlines()
-        subprocess.run(["git", "am", "--abort"], cwd=work, capture_output=True)
+        detail = output_tail(proc, 8)
+        git("am", "--abort", cwd=work, check=False)
         raise OverlayError(
             f"{pin.distribution}: {patch.name} does not apply to the source ({'pin ' + pin.commit[:12]}):\n    "
-            + "\n    ".join(detail[-8:])
+            + "\n    ".join(detail)
             + "\n  Carry the series forward with scripts/rebase.sh, or fix the patch."
         )
 
@@ -238,7 +224,7 @@ def _locate_hunks(parsed, root: pathlib.Path) -> list[tuple[bool, bool]]:
 
 def _scratch_copy(work: pathlib.Path, patch: PatchFile) -> pathlib.Path:
     """A throwaway copy of just the files a patch touches, for trial runs."""
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix="mrl-trial-"))
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="mrl-trial-"))  # removed by the caller
     for change in patch.files:
         src = work / change.path
         if src.is_file():

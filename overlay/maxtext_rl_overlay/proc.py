@@ -44,6 +44,7 @@ def run(
     who: str = "",
     cwd: pathlib.Path | None = None,
     env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
     input: str | bytes | None = None,
     text: bool = True,
     check: bool = True,
@@ -55,12 +56,14 @@ def run(
 
     `what` says what the command does ("making the build venv"), for the
     error message and the -v echo; `who` is the distribution or stage it
-    runs for. `env` is added to this process's environment. With
+    runs for. `env` is added to this process's environment (or, without
+    `inherit_env`, is the whole environment). With
     `check` a non-zero exit raises OverlayError; without, the caller reads
     the return code. `timeout` raises OverlayError either way."""
     args = [os.fspath(c) for c in cmd]
-    full_env = dict(os.environ, **env) if env else None
-    prefix = f"[{who}] " if who else ""
+    full_env = (dict(os.environ, **env) if inherit_env else dict(env)) if env is not None else None
+    prefix = f"[{who}] " if who else ""  # the progress lines' form, for the -v echo
+    blame = f"{who}: " if who else ""  # the error messages' form
     if _verbose:
         print(f"{prefix}$ {shlex.join(args)}" + (f"   (in {cwd})" if cwd else ""), file=sys.stderr, flush=True)
     data = input.encode() if isinstance(input, str) and not text else input
@@ -70,11 +73,11 @@ def run(
         else:
             proc = subprocess.run(args, cwd=cwd, env=full_env, input=data, capture_output=True, text=text, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise OverlayError(f"{prefix}{what}: {args[0]} did not finish within {timeout:.0f} s.") from None
+        raise OverlayError(f"{blame}{what}: {args[0]} did not finish within {timeout:.0f} s.") from None
     except FileNotFoundError:
-        raise OverlayError(f"{prefix}{what}: {args[0]} is not installed (or not on PATH).") from None
+        raise OverlayError(f"{blame}{what}: {args[0]} is not installed (or not on PATH).") from None
     if check and proc.returncode != 0:
-        raise OverlayError(f"{prefix}{what} failed ({_name(args)} exited with {proc.returncode}):\n    " + "\n    ".join(output_tail(proc, tail)))
+        raise OverlayError(f"{blame}{what} failed ({_name(args)} exited with {proc.returncode}):\n    " + "\n    ".join(output_tail(proc, tail)))
     return proc
 
 

@@ -16,15 +16,17 @@ import email.parser
 import os
 import pathlib
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import zipfile
 
 from . import gittree
+from .git import git, inside_package, tree_entries
+from .git import out as gitout
 from .errors import OverlayError
 from .pins import Pin
 from .progress import step
+from .staging import staged_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,10 @@ class Source:
     upstream_version: str | None  # PKG-INFO's Version, when the tree is an sdist
     absent: tuple[str, ...] = ()  # files the git source lacked (outside the package)
     date: str = ""  # the commit date, where git history came with the tree
+
+
+#: How long fetching one pinned commit may take before we give up on the network.
+FETCH_TIMEOUT = 600
 
 
 def cache_root() -> pathlib.Path:
@@ -62,15 +68,10 @@ def obtain(pin: Pin, given: str | None, *, allow_unpinned: bool, cache: pathlib.
     return _from_archive(pin, path, cache, allow_unpinned=allow_unpinned, origin=str(given))
 
 
-def _git(*args: str, git_dir: pathlib.Path | None = None, **kw) -> subprocess.CompletedProcess:
-    cmd = ["git"] + ([f"--git-dir={git_dir}"] if git_dir else []) + list(args)
-    return subprocess.run(cmd, capture_output=True, **kw)
-
-
 def _is_git_dir(path: pathlib.Path) -> bool:
     if shutil.which("git") is None:
         return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
-    proc = _git("rev-parse", "--git-dir", cwd=path, text=True)
+    proc = git("rev-parse", "--git-dir", cwd=path, check=False)
     return proc.returncode == 0 and pathlib.Path(path, proc.stdout.strip()).resolve() in (
         path.resolve(),
         (path / ".git").resolve(),
@@ -78,8 +79,7 @@ def _is_git_dir(path: pathlib.Path) -> bool:
 
 
 def _resolve_git_dir(path: pathlib.Path) -> pathlib.Path:
-    proc = _git("rev-parse", "--absolute-git-dir", cwd=path, text=True, check=True)
-    return pathlib.Path(proc.stdout.strip())
+    return pathlib.Path(gitout("rev-parse", "--absolute-git-dir", cwd=path))
 
 
 def _cached(cache: pathlib.Path, pin: Pin, tree: str) -> pathlib.Path:
@@ -90,19 +90,19 @@ def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str)
     if shutil.which("git") is None:
         raise OverlayError(f"{pin.distribution}: {origin} is a git repository but git is not installed.")
     git_dir = _resolve_git_dir(path)
-    proc = _git("rev-parse", "--verify", "--quiet", f"{pin.commit}^{{commit}}", git_dir=git_dir, text=True)
+    proc = git("rev-parse", "--verify", "--quiet", f"{pin.commit}^{{commit}}", git_dir=git_dir, check=False)
     if proc.returncode != 0:
         raise OverlayError(
             f"{pin.distribution}: {origin} does not hold the pinned commit {pin.commit} "
             f"({pin.pin_file}). Fetch it there (git fetch {pin.repository} {pin.commit}) or give another --source."
         )
-    tree = _git("rev-parse", f"{pin.commit}^{{tree}}", git_dir=git_dir, text=True, check=True).stdout.strip()
+    tree = gitout("rev-parse", f"{pin.commit}^{{tree}}", git_dir=git_dir, who=pin.distribution)
     if pin.tree and tree != pin.tree:
         raise OverlayError(
             f"{pin.distribution}: commit {pin.commit} in {origin} has tree {tree}, but {pin.pin_file} "
             f"records tree {pin.tree}. The pin file is wrong or the repository is corrupt; fix the pin."
         )
-    date = _git("log", "-1", "--format=%cI", pin.commit, git_dir=git_dir, text=True, check=True).stdout.strip()
+    date = gitout("log", "-1", "--format=%cI", pin.commit, git_dir=git_dir, who=pin.distribution)
     if pin.date and date != pin.date:
         raise OverlayError(f"{pin.distribution}: commit {pin.commit} is dated {date}, but {pin.pin_file} says {pin.date}; fix the pin.")
     target = _cached(cache, pin, tree)
@@ -117,25 +117,17 @@ def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str)
 def _materialize(git_dir: pathlib.Path, pin: Pin, target: pathlib.Path) -> None:
     """Write the tree of the pinned commit, file by file (a mirror may lack
     large blobs: those are allowed only outside the import package)."""
-    listing = _git("ls-tree", "-r", "-z", pin.commit, git_dir=git_dir, check=True).stdout.split(b"\0")
-    entries = []
-    for item in filter(None, listing):
-        meta, name = item.split(b"\t", 1)
-        mode, kind, oid = meta.split()
-        if kind != b"blob":
-            raise OverlayError(f"{pin.distribution}: the pinned tree has a {kind.decode()} at {name.decode()}; submodules are not supported.")
-        entries.append((mode.decode(), oid.decode(), name.decode()))
-    batch = subprocess.run(
-        ["git", f"--git-dir={git_dir}", "cat-file", "--batch"],
-        input="".join(oid + "\n" for _, oid, _ in entries).encode(),
-        capture_output=True,
-        check=True,
-    ).stdout
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=target.name + ".", dir=_ensure(target.parent)))
-    try:
+    entries = tree_entries(git_dir, pin.commit)
+    for e in entries:
+        if e.kind != "blob":
+            raise OverlayError(f"{pin.distribution}: the pinned tree has a {e.kind} at {e.path}; submodules are not supported.")
+    batch = git("cat-file", "--batch", git_dir=git_dir, input="".join(e.oid + "\n" for e in entries).encode(), text=False,
+                who=pin.distribution).stdout
+    with staged_dir(target) as tmp:
         absent = []
         pos = 0
-        for mode, oid, name in entries:
+        for e in entries:
+            mode, oid, name = e.mode, e.oid, e.path
             end = batch.index(b"\n", pos)
             header = batch[pos:end].split()
             pos = end + 1
@@ -154,17 +146,13 @@ def _materialize(git_dir: pathlib.Path, pin: Pin, target: pathlib.Path) -> None:
             else:
                 dest.write_bytes(data)
                 os.chmod(dest, 0o755 if mode == "100755" else 0o644)
-        inside = [a for a in absent if a.split("/", 1)[0] == pin.import_package]
+        inside = inside_package(absent, pin.import_package)
         if inside:
             raise OverlayError(
                 f"{pin.distribution}: the repository lacks files of the package itself: {', '.join(inside)}. "
                 "Use a complete clone as --source."
             )
         (tmp / ".complete").write_text("\n".join([pin.commit] + absent))
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if absent:
         step.note(pin.distribution, f"{len(absent)} file(s) outside the package are absent from the repository and left out: {', '.join(absent)}")
 
@@ -188,14 +176,9 @@ def _from_tree(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpin
         )
     target = _cached(cache, pin, tree)
     if not (target / ".complete").exists():
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=target.name + ".", dir=_ensure(target.parent)))
-        try:
+        with staged_dir(target) as tmp:
             shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
             (tmp / ".complete").write_text("")
-            os.replace(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     if not from_pin:
         step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version or '?'}): wheels will be labelled unpinned")
     return Source(pin.distribution, target, tree, None, from_pin, origin, version)
@@ -235,17 +218,16 @@ def _from_network(pin: Pin, cache: pathlib.Path) -> Source:
         raise OverlayError(f"{pin.distribution}: no source given and git is not installed to fetch {pin.repository} at {pin.commit}. Pass {flag}.")
     mirror = _ensure(cache / "git") / f"{pin.distribution}.git"
     if not mirror.exists():
-        _git("init", "-q", "--bare", str(mirror), check=True)
-    has = _git("cat-file", "-e", f"{pin.commit}^{{commit}}", git_dir=mirror).returncode == 0
+        git("init", "-q", "--bare", str(mirror), who=pin.distribution)
+    has = git("cat-file", "-e", f"{pin.commit}^{{commit}}", git_dir=mirror, check=False).returncode == 0
     if not has:
         with step(pin.distribution, f"fetching {pin.commit[:12]} from {pin.repository}"):
-            env = dict(os.environ, GIT_TERMINAL_PROMPT="0")
             try:
-                proc = _git("fetch", "-q", "--depth=1", pin.repository, pin.commit, git_dir=mirror, env=env, text=True, timeout=600)
+                proc = git("fetch", "-q", "--depth=1", pin.repository, pin.commit, git_dir=mirror, check=False, timeout=FETCH_TIMEOUT)
                 failed = proc.returncode != 0
-                reason = proc.stderr.strip().splitlines()[-1:] or ["git fetch failed"]
-            except subprocess.TimeoutExpired:
-                failed, reason = True, ["timed out after 600 s"]
+                reason = str(proc.stderr).strip().splitlines()[-1:] or ["git fetch failed"]
+            except OverlayError:  # the timeout
+                failed, reason = True, [f"timed out after {FETCH_TIMEOUT} s"]
         if failed:
             raise OverlayError(
                 f"{pin.distribution}: cannot reach {pin.repository} to fetch the pinned commit {pin.commit} "

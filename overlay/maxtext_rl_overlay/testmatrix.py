@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import publish
+from . import proc, publish
 from .errors import OverlayError
 from .pins import load_project, refuse_unknown
 from .progress import step
@@ -182,7 +182,7 @@ def _python(version: str) -> str:
     candidates = [os.environ.get("MRL_PYTHON"), shutil.which(f"python{version}")]
     candidates += [str(p) for p in sorted(pyenv_root.glob(f"versions/{version}*/bin/python3"), reverse=True)]
     for candidate in filter(None, candidates):
-        probe = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True)
+        probe = proc.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False, what=f"probing {candidate}")
         if probe.returncode == 0 and probe.stdout.strip() == version:
             return candidate
     raise OverlayError(f"no Python {version} found: install one (pyenv install {version}) or set MRL_PYTHON.")
@@ -218,10 +218,11 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
             if note:
                 step.note(cell.name, note)
             for cmd in [["uv", "venv", "--quiet", "-p", python, str(venv)], *commands]:
-                if subprocess.run(cmd, env=env).returncode != 0:
-                    raise OverlayError(f"{cell.name}: {' '.join(cmd)} failed (see above); the cell cannot run.")
+                proc.run(cmd, env=env, inherit_env=False, who=cell.name, log=True,
+                         what=f"{' '.join(cmd[:3])} (the cell cannot run without its venv)")
         with step(cell.name, "maxtext-rl-overlay verify"):
-            verified = subprocess.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify"], env=env, cwd=work, capture_output=True, text=True)
+            verified = proc.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify"], env=env, inherit_env=False, cwd=work,
+                                check=False, who=cell.name, what="maxtext-rl-overlay verify")
         print(verified.stdout + verified.stderr, file=sys.stderr, flush=True)
         for run_name, run_env in cell.runs.items():
             label = f"{cell.name}/{run_name}" if run_name else cell.name

@@ -18,14 +18,13 @@ import base64
 import dataclasses
 import importlib.metadata as md
 import json
-import os
-import subprocess
 import sys
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest
+from . import manifest, proc
+from .errors import OverlayError
 from .digest import sha256_file
 
 #: How long the import check may take (tpu_inference alone imports vLLM,
@@ -172,12 +171,12 @@ def check_imports(doc: dict | None = None, *, python: str = sys.executable) -> l
     doc = doc if doc is not None else manifest.load_installed()
     modules = import_modules(doc)
     try:
-        proc = subprocess.run([python, "-c", _IMPORTER, *modules], capture_output=True, text=True, timeout=IMPORT_TIMEOUT,
-                              env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    except subprocess.TimeoutExpired:
+        result = proc.run([python, "-c", _IMPORTER, *modules], check=False, timeout=IMPORT_TIMEOUT, env={"PYTHONWARNINGS": "ignore"},
+                          what="importing the stack in a fresh process")
+    except OverlayError:  # it did not finish in time
         return [Finding(d, f"import {m}", "imported", f"timed out after {IMPORT_TIMEOUT} s", False) for m, d in modules.items()]
     done: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
+    for line in result.stdout.splitlines():
         try:
             module, error = json.loads(line)
         except ValueError:
@@ -186,7 +185,7 @@ def check_imports(doc: dict | None = None, *, python: str = sys.executable) -> l
     findings = []
     for module, dist in modules.items():
         if module not in done:
-            tail = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+            tail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
             findings.append(Finding(dist, f"import {module}", "imported", f"the interpreter died: {tail}", False))
         else:
             findings.append(Finding(dist, f"import {module}", "imported", done[module] or "imported", not done[module]))

@@ -11,7 +11,6 @@ import os
 import pathlib
 import re
 import shutil
-import subprocess
 import tempfile
 import tomllib
 from importlib import resources
@@ -21,6 +20,7 @@ from packaging.utils import canonicalize_name
 
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
 from .errors import OverlayError
+from .proc import run
 from .progress import step
 
 def wheel_version(upstream_version: str, local_label: str) -> str:
@@ -110,7 +110,7 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
         # path before stripping: without one, the same inputs give the same bytes.
         flags["LDFLAGS"] = f"{os.environ.get('LDFLAGS', '')} -Wl,--build-id=none".strip()
     with tempfile.TemporaryDirectory(prefix="mrl-wheel-") as tmp, resources.as_file(BUILD_CONSTRAINTS) as constraints:
-        full_env = dict(os.environ, **flags, **env, SOURCE_DATE_EPOCH=epoch, PYTHONHASHSEED="0", UV_PYTHON_DOWNLOADS="never")
+        full_env = dict(flags, **env, SOURCE_DATE_EPOCH=epoch, PYTHONHASHSEED="0", UV_PYTHON_DOWNLOADS="never")
         cmd = [uv, "build", "--wheel", "--no-progress", "--out-dir", tmp]
         if build_env is None:
             cmd += ["--python", python, "--build-constraint", str(constraints)]
@@ -118,10 +118,7 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
             full_env.update(build_env.env)
             cmd += ["--python", str(build_env.python), "--no-build-isolation"]
         with step(who, "building the wheel"):
-            proc = subprocess.run([*cmd, str(tree)], env=full_env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = "\n    ".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-            raise OverlayError(f"{who}: the wheel build failed:\n    {tail}")
+            run([*cmd, str(tree)], env=full_env, who=who, what="the wheel build", log=True)
         built = list(pathlib.Path(tmp).glob("*.whl"))
         if len(built) != 1:
             raise OverlayError(f"{who}: the build made {len(built)} wheels, expected one.")
