@@ -29,6 +29,12 @@ if [ -z "$wheels" ]; then
     done < <("$root/.venv/bin/python" "$root/tests/standins.py")
     args+=(--unpinned --torch-standin)
   fi
-  "$root/scripts/build-wheels.sh" "${args[@]}" --out "$wheels" --constraints "$work/constraints.txt"
+  if ! "$root/scripts/build-wheels.sh" "${args[@]}" --out "$wheels" --constraints "$work/constraints.txt"; then
+    # The build's own hint names its --source flag; this script takes the sources from MRL_SOURCES.
+    echo "scripts/test-matrix.sh: building the wheels failed. Give the upstreams' sources as" \
+         "MRL_SOURCES=\"NAME=PATH ...\" (a clone or mirror holding the pin), or pass --standins;" \
+         "or test wheels built already with --wheels DIR." >&2
+    exit 1
+  fi
 fi
 exec "$root/scripts/overlay-tool.sh" test-matrix --platform "$platform" --wheels "$wheels" --work "$work/cells" $quick ${MRL_KEEP:+--keep}

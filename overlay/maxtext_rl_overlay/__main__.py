@@ -1,19 +1,53 @@
-"""Command line: a thin layer over the stage modules.
+"""The maxtext-rl-overlay command line.
 
-    maxtext-rl-overlay build [--source NAME=PATH]... [--only NAMES] [--out DIR] [--base-url URL] ...
-    maxtext-rl-overlay verify [--require-pinned]
-    maxtext-rl-overlay lint
-    maxtext-rl-overlay rebase NAME NEW_REF [--source PATH] [--build] | --continue | --abort
-"""
+Each subcommand parses its flags into the options of one stage module and
+prints what the stage returns; the stages hold all the logic. Exit statuses
+are ExitCode, the same for every subcommand and documented in --help."""
 
 from __future__ import annotations
 
 import argparse
+import enum
 import pathlib
 import signal
 import sys
 
+from . import __version__, proc
 from .errors import OverlayError
+
+DESCRIPTION = """\
+MaxText RL's vLLM/Tunix stack on TPU: the pinned upstreams (google-tunix,
+tpu-inference, vllm) with their fixes carried as patch series, built into
+wheels and published with a constraints file.
+
+On a TPU VM, after `uv pip install -c constraints.txt maxtext-rl-overlay`
+(or "maxtext-rl-overlay[maxtext]"), run `maxtext-rl-overlay verify`.
+In a checkout of the project, `build`, `lint`, `rebase` and `test-matrix`
+make and test the release."""
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    #: The command ran and its answer is no: verify found a difference or a
+    #: failed import, lint found problems, the matrix or the rebase's fast
+    #: tests failed, or the rebase stopped at a conflict.
+    CHECK_FAILED = 1
+    #: The command line was wrong (argparse's own status).
+    USAGE = 2
+    #: The command could not do its work; the message says why and what to do.
+    ERROR = 3
+    INTERRUPTED = 130
+
+
+EPILOG = f"""\
+exit status:
+  {ExitCode.OK:<3}  success
+  {ExitCode.CHECK_FAILED:<3}  a check said no: verify found differences, lint found problems, the matrix
+       or the rebase's fast tests failed, or a rebase stopped at a conflict
+  {ExitCode.USAGE:<3}  the command line was wrong
+  {ExitCode.ERROR:<3}  the command could not do its work (the message says why and what to do)
+  {ExitCode.INTERRUPTED:<3}  interrupted (nothing was published; staging folders removed)
+"""
 
 
 def _find_project(start: pathlib.Path) -> pathlib.Path:
@@ -21,6 +55,10 @@ def _find_project(start: pathlib.Path) -> pathlib.Path:
         if (path / "patches").is_dir() and (path / "pyproject.toml").is_file():
             return path
     raise OverlayError(f"{start} is not inside a maxtext-rl-overlay checkout (no patches/ and pyproject.toml above it); pass --project.")
+
+
+def _project(args: argparse.Namespace) -> pathlib.Path:
+    return args.project or _find_project(pathlib.Path.cwd())
 
 
 def _source_arg(text: str) -> tuple[str, str]:
@@ -40,7 +78,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         given[name] = path
     result = build(
         BuildOptions(
-            project_root=args.project or _find_project(pathlib.Path.cwd()),
+            project_root=_project(args),
             sources=given,
             only=[n.strip() for n in args.only.split(",") if n.strip()] if args.only else None,
             out=args.out,
@@ -54,7 +92,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     )
     for name, sha in result.wheels.items():
         print(f"{sha}  {name}")
-    return 0
+    return ExitCode.OK
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -70,44 +108,44 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print(f"\nverify: NO - {len(bad)} check(s) failed.", file=sys.stderr)
         for line in verify.explain(findings, doc):
             print(f"  {line}", file=sys.stderr)
-        return 1
+        return ExitCode.CHECK_FAILED
     what = "the installed distributions are the overlay builds, patched files intact"
     print(f"\nverify: yes - {what}" + ("." if args.no_imports else "; the stack imports."))
-    return 0
+    return ExitCode.OK
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
     from . import patchfile
     from .pins import load_project
 
-    project = load_project(args.project or _find_project(pathlib.Path.cwd()))
+    project = load_project(_project(args))
     problems = [problem for pin in project.pins.values() for path in pin.series for problem in patchfile.lint(patchfile.parse(path))]
     for problem in problems:
         print(problem)
     count = sum(len(p.series) for p in project.pins.values())
     print(f"lint: {count} patch(es), {len(problems)} problem(s)")
-    return 1 if problems else 0
+    return ExitCode.CHECK_FAILED if problems else ExitCode.OK
 
 
 def _cmd_test_matrix(args: argparse.Namespace) -> int:
     from . import testmatrix
 
-    root = args.project or _find_project(pathlib.Path.cwd())
+    root = _project(args)
     results = testmatrix.run(root, args.wheels.resolve(), args.work.resolve(), platform=args.platform, quick=args.quick, keep=args.keep)
     print(testmatrix.render(results))
-    return 0 if results and all(r.ok for r in results) else 1
+    return ExitCode.OK if results and all(r.ok for r in results) else ExitCode.CHECK_FAILED
 
 
 def _cmd_rebase(args: argparse.Namespace) -> int:
     from . import rebase
 
-    root = args.project or _find_project(pathlib.Path.cwd())
+    root = _project(args)
     if args.cont or args.abort:
         if args.name or args.new_ref:
             raise OverlayError("--continue and --abort take no NAME or NEW_REF: they act on the rebase in progress.")
         if args.abort:
             print(rebase.abort(root))
-            return 0
+            return ExitCode.OK
         report = rebase.resume(root)
     else:
         if not (args.name and args.new_ref):
@@ -121,55 +159,69 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
                                     run_tests=not args.no_tests, standins=args.standins)
         if args.find_base:
             print(rebase.render_base(args.name, rebase.find_base(opts)))
-            return 0
+            return ExitCode.OK
         report = rebase.start(opts)
     print(rebase.render(report))
-    return 1 if report.stopped or not report.tests_ok else 0
+    return ExitCode.CHECK_FAILED if report.stopped or not report.tests_ok else ExitCode.OK
 
 
 def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="maxtext-rl-overlay", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def _parser() -> argparse.ArgumentParser:
+    from .patching import ENGINES
+    from .pins import DISTRIBUTIONS
+    from .testmatrix import PLATFORMS
 
-    b = sub.add_parser("build", help="build the overlay wheels, the index and constraints.txt")
-    b.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
-                   help="a git repository holding the pinned commit, or a source tree or archive")
-    b.add_argument("--only", metavar="NAME[,NAME...]", help="build only these upstreams (maxtext-rl-overlay is always built)")
-    b.add_argument("--out", type=pathlib.Path, help="where the index goes (default: dist/)")
-    b.add_argument("--constraints", type=pathlib.Path, help="where constraints.txt goes (default: the project's)")
-    b.add_argument("--unpinned", action="store_true", help="accept source trees that are not the pinned tree, labelled as such")
-    b.add_argument("--torch-standin", action="store_true",
-                   help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index is out of reach; labelled as a stand-in")
-    b.add_argument("--engine", choices=("git", "patch-ng"), help="patch engine (default: git where installed)")
-    b.add_argument("--python", help="interpreter for the builds and the resolver (default: this one)")
-    b.add_argument("--project", type=pathlib.Path, help="the maxtext-rl-overlay checkout (default: found from the current folder)")
-    b.add_argument("--base-url", metavar="URL", help="where the index folder will be served: its constraints.txt then names the index by this URL")
-    b.set_defaults(func=_cmd_build)
+    # -v on the command or after it; SUPPRESS keeps a subcommand's default
+    # from overwriting a -v given before the subcommand.
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="echo every command the tool runs, and stream the output of builds, installs and tests")
+    project = argparse.ArgumentParser(add_help=False)
+    project.add_argument("--project", type=pathlib.Path, metavar="DIR",
+                         help="the maxtext-rl-overlay checkout (default: the one holding the current folder)")
+    names = ", ".join(DISTRIBUTIONS)
 
-    v = sub.add_parser("verify", help="check that the installed distributions are the overlay builds")
-    v.add_argument("--require-pinned", action="store_true", help="also fail on stand-ins: wheels built from unpinned sources, PyPI's torch for the CPU build")
+    parser = argparse.ArgumentParser(prog="maxtext-rl-overlay", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", default=False,
+                        help="echo every command the tool runs, and stream the output of builds, installs and tests")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", epilog=EPILOG,
+                              parents=[verbose, *parents], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    v = command("verify", "check that the installed stack is the overlay's builds, intact, and that it imports")
+    v.add_argument("--require-pinned", action="store_true",
+                   help="also fail on stand-ins: wheels built from unpinned sources, PyPI's torch for the CPU build")
     v.add_argument("--no-imports", action="store_true", help="check files and versions only; skip importing the stack in a fresh process")
     v.set_defaults(func=_cmd_verify)
 
-    lint = sub.add_parser("lint", help="check every patch of every series for its trailers and format")
-    lint.add_argument("--project", type=pathlib.Path)
+    b = command("build", "build the overlay wheels, the index and constraints.txt from the pins", project)
+    b.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
+                   help=f"where to take upstream NAME ({names}) from: a git repository holding the pinned commit, "
+                        "or a source tree or archive (default: fetch the pinned commit with git)")
+    b.add_argument("--only", metavar="NAME[,NAME...]", help=f"build only these upstreams, of {names} (maxtext-rl-overlay is always built)")
+    b.add_argument("--out", type=pathlib.Path, metavar="DIR", help="where the index goes (default: dist/ in the project)")
+    b.add_argument("--constraints", type=pathlib.Path, metavar="FILE", help="where constraints.txt goes (default: the project's)")
+    b.add_argument("--unpinned", action="store_true", help="accept source trees that are not the pinned tree, labelled as stand-ins")
+    b.add_argument("--torch-standin", action="store_true",
+                   help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index "
+                        "is out of reach; labelled as a stand-in")
+    b.add_argument("--engine", choices=ENGINES, help="how to apply the patches (default: git where installed)")
+    b.add_argument("--python", metavar="PYTHON", help="interpreter for the builds and the resolver (default: this one)")
+    b.add_argument("--base-url", metavar="URL", help="where the index folder will be served: its constraints.txt then names the index by this URL")
+    b.set_defaults(func=_cmd_build)
+
+    lint = command("lint", "check every patch of every series for its trailers and format", project)
     lint.set_defaults(func=_cmd_lint)
 
-    t = sub.add_parser("test-matrix", help="install the wheels into a fresh venv per cell, verify, and run tests/fixes")
-    t.add_argument("--wheels", type=pathlib.Path, required=True, help="the index folder (with its constraints.txt)")
-    t.add_argument("--work", type=pathlib.Path, required=True, help="where the cells' venvs and JUnit XML go")
-    t.add_argument("--platform", choices=("cpu", "tpu"), default="cpu")
-    t.add_argument("--quick", action="store_true", help="the subset every CI run takes")
-    t.add_argument("--keep", action="store_true", help="keep the venvs")
-    t.add_argument("--project", type=pathlib.Path)
-    t.set_defaults(func=_cmd_test_matrix)
-
-    r = sub.add_parser("rebase", help="carry a patch series onto a new upstream commit (stops at a conflict)")
-    r.add_argument("name", nargs="?", metavar="NAME", help="google-tunix, tpu-inference or vllm")
+    r = command("rebase", "carry a patch series onto a new upstream commit (stops at a conflict)", project)
+    r.add_argument("name", nargs="?", metavar="NAME", choices=DISTRIBUTIONS, help=f"the upstream: {names}")
     r.add_argument("new_ref", nargs="?", metavar="NEW_REF", help="a commit, tag or branch of the upstream")
     r.add_argument("--source", action="append", default=[], metavar="PATH|NAME=PATH",
                    help="a local git repository or mirror of the upstream; NAME=PATH: another upstream's source for --build")
@@ -181,21 +233,33 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-tests", action="store_true", help="skip the fast tests (tests/unit) at the end")
     r.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict in the work clone")
     r.add_argument("--abort", action="store_true", help="undo the rebase in progress: every file restored from its backup")
-    r.add_argument("--project", type=pathlib.Path)
     r.set_defaults(func=_cmd_rebase)
 
-    args = parser.parse_args(argv)
+    t = command("test-matrix", "install the wheels into a fresh venv per cell, verify, and run tests/fixes", project)
+    t.add_argument("--wheels", type=pathlib.Path, required=True, metavar="DIR", help="the index folder (with its constraints.txt)")
+    t.add_argument("--work", type=pathlib.Path, required=True, metavar="DIR", help="where the cells' venvs and JUnit XML go")
+    t.add_argument("--platform", choices=PLATFORMS, default="cpu",
+                   help="cpu: 8 simulated devices; tpu: a real v6e-8 (default: %(default)s)")
+    t.add_argument("--quick", action="store_true", help="the subset every CI run takes")
+    t.add_argument("--keep", action="store_true", help="keep the venvs")
+    t.set_defaults(func=_cmd_test_matrix)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    proc.set_verbose(args.verbose)
     # A terminated build must clean up like an interrupted one: every stage
     # removes its staging folder on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return args.func(args)
+        return int(args.func(args))
     except OverlayError as exc:
         print(f"maxtext-rl-overlay: error: {exc}", file=sys.stderr)
-        return 2
+        return ExitCode.ERROR
     except KeyboardInterrupt:
         print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ index and constraints.txt as they were."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -22,7 +23,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from . import buildenv, environment, manifest, patchfile, publish, sources, wheels
 from .digest import sha256_file
 from .errors import OverlayError
-from .patching import apply_series
+from .patching import AppliedPatch, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
 from .staging import staged_dir, write_atomically
@@ -51,6 +52,7 @@ class BuildResult:
     constraints: pathlib.Path
     wheels: dict[str, str]  # file name -> sha256
     from_pin: dict[str, bool]
+    manifest: manifest.Manifest
 
 
 def build(opts: BuildOptions) -> BuildResult:
@@ -69,20 +71,21 @@ def build(opts: BuildOptions) -> BuildResult:
     # at the end (0755: a web server may run as another user); constraints.txt
     # is written only once the index is in place.
     with staged_dir(out, replace=True, mode=0o755) as staging:
-        entries: dict[str, dict] = {}
+        entries: dict[str, manifest.Distribution] = {}
         for pin in chosen:
             entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
         not_built = [p for p in project.pins if p not in entries]
         if not_built:
             step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` will say the stack does not import")
         adapter = _build_maxtext_adapter(env, staging, opts.python)
-        overlay_wheel = _build_overlay(project, entries, not_built, env, adapter, staging, opts.python)
+        record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter))
+        overlay_wheel = _build_overlay(project, record, adapter, staging, opts.python)
         sums = publish.write_index(staging)
         publish.write_simple(staging, sums)
         find_links = _relative(out, constraints_path.parent)
         requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
         closure = publish.resolve_closure(staging, requirement, opts.python, env)
-        standins = [n for n, e in entries.items() if not e["from_pin"]]
+        standins = [n for n, e in entries.items() if not e.from_pin]
         notes = [
             "Built from the pins in patches/*/pin.toml." if not standins
             else "NOT built from the pins: stand-in sources for " + ", ".join(standins) + " (see verify).",
@@ -101,7 +104,7 @@ def build(opts: BuildOptions) -> BuildResult:
     for note in notes:
         step.note("build", note)
     step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")
-    return BuildResult(out, constraints_path, sums, {n: e["from_pin"] for n, e in entries.items()})
+    return BuildResult(out, constraints_path, sums, {n: e.from_pin for n, e in entries.items()}, record)
 
 
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
@@ -113,7 +116,8 @@ def _wheel_version(wheel: pathlib.Path) -> str:
     return str(parse_wheel_filename(wheel.name)[1])
 
 
-def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environment.Environment, staging: pathlib.Path, cache: pathlib.Path) -> dict:
+def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environment.Environment, staging: pathlib.Path,
+                    cache: pathlib.Path) -> manifest.Distribution:
     source = sources.obtain(pin, opts.sources.get(pin.distribution), allow_unpinned=opts.allow_unpinned, cache=cache)
     if source.from_pin:
         version = wheels.wheel_version(pin.version, project.local_label)
@@ -141,13 +145,43 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
         )
     patch_ids = {p.name: patchfile.patch_id(p) for p in pin.series} if shutil.which("git") else {}
     step.note(pin.distribution, f"built {wheel.name}")
-    entry = manifest.entry(pin, source, version, wheel, applied, patch_ids)
-    if build_env is not None:
-        entry["built_against"] = {"torch": build_env.torch, "cuda": build_env.cuda}
-    return entry
+    against = manifest.BuiltAgainst(build_env.torch, build_env.cuda) if build_env is not None else None
+    return _distribution_record(pin, source, version, wheel, applied, patch_ids, against)
 
 
-def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str) -> dict | None:
+def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: pathlib.Path, applied: list[AppliedPatch],
+                         patch_ids: dict[str, str], built_against: manifest.BuiltAgainst | None) -> manifest.Distribution:
+    """What the manifest says of one build: its pin and source, its series,
+    and the sha256 of each file the series touches that the wheel installs
+    (a touched test or build file is not installed: nothing to verify)."""
+    touched = sorted({f for p in applied for f in p.files})
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        files = {f: hashlib.sha256(zf.read(f)).hexdigest() for f in touched if f in names}
+    return manifest.Distribution(
+        version=version,
+        import_package=pin.import_package,
+        from_pin=source.from_pin,
+        pin=manifest.PinRecord(pin.repository, pin.commit, pin.tree, pin.date),
+        source=manifest.SourceRecord(source.tree, source.commit, source.upstream_version),
+        wheel=manifest.WheelFile(wheel.name, sha256_file(wheel)),
+        series=tuple(
+            manifest.PatchRecord(p.name, p.subject, p.upstream_status, p.blobs_checked, p.files,
+                                 sha256_file(pin.directory / p.name), patch_ids.get(p.name))
+            for p in applied
+        ),
+        files=files,
+        built_against=built_against,
+    )
+
+
+def _environment_record(env: environment.Environment, adapter: manifest.Adapter | None) -> manifest.EnvironmentRecord:
+    torch = env.torch
+    return manifest.EnvironmentRecord(env.maxtext, env.extra, manifest.TorchRecord(torch.version, torch.wanted, torch.standin, torch.torchvision),
+                                      adapter)
+
+
+def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str) -> manifest.Adapter | None:
     """MaxText's vLLM plugin, as a wheel made from the release's own folder,
     unchanged: what install_tpu_post_train_extra_deps installs from it."""
     if not env.vllm_adapter:
@@ -166,12 +200,11 @@ def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, 
         wheel = wheels.build_wheel(tree, staging, who="maxtext-vllm-adapter", env={}, epoch=wheels.commit_epoch(None), python=python)
     name, version = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
     step.note("maxtext-vllm-adapter", f"built {wheel.name} from {env.release.name}:{folder}")
-    return {"name": name, "version": version, "wheel": {"filename": wheel.name, "sha256": sha256_file(wheel)},
-            "source": f"{env.release.name}:{folder}"}
+    return manifest.Adapter(name, version, manifest.WheelFile(wheel.name, sha256_file(wheel)), f"{env.release.name}:{folder}")
 
 
-def _build_overlay(project: Project, entries: dict[str, dict], not_built: list[str], env: environment.Environment,
-                   adapter: dict | None, staging: pathlib.Path, python: str) -> pathlib.Path:
+def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifest.Adapter | None, staging: pathlib.Path,
+                   python: str) -> pathlib.Path:
     """The maxtext-rl-overlay wheel: our code, the manifest, and exact
     dependencies on the overlay builds just made."""
     root = project.root
@@ -182,18 +215,19 @@ def _build_overlay(project: Project, entries: dict[str, dict], not_built: list[s
         shutil.copy2(root / "README.md", tree / "README.md")
         shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))
         text = (root / "pyproject.toml").read_text()
-        deps = list(meta.get("dependencies", [])) + [f"{name}=={e['version']}" for name, e in entries.items()]
+        deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items()]
         new, count = re.subn(r"(?ms)^dependencies = \[.*?\]\n", "dependencies = [\n" + "".join(f'  "{d}",\n' for d in deps) + "]\n", text, count=1)
         if count != 1:
             raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the [project] dependencies list to pin the overlay builds.")
         if adapter:
-            extra = list(meta["optional-dependencies"][env.extra]) + [f"{adapter['name']}=={adapter['version']}"]
-            new, count = re.subn(rf"(?m)^{re.escape(env.extra)} = \[.*\]\n", f"{env.extra} = {json.dumps(extra)}\n", new, count=1)
+            name = record.environment.extra
+            extra = list(meta["optional-dependencies"][name]) + [f"{adapter.name}=={adapter.version}"]
+            new, count = re.subn(rf"(?m)^{re.escape(name)} = \[.*\]\n", f"{name} = {json.dumps(extra)}\n", new, count=1)
             if count != 1:
-                raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the one-line `{env.extra} = [...]` extra to add MaxText's vLLM plugin to.")
+                raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the one-line `{name} = [...]` extra to add MaxText's vLLM plugin to.")
         (tree / "pyproject.toml").write_text(new)
-        doc = manifest.dumps(entries, overlay_version=meta["version"], revision=project.revision, not_built=not_built, env=env, adapter=adapter)
-        (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(doc)
+        (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(record.dumps())
         # The newest pinned commit date: the same on every machine.
-        epoch = max((wheels.commit_epoch(e["pin"]["date"]) for e in entries.values() if e["pin"]["date"]), key=int, default=wheels.commit_epoch(None))
+        epoch = max((wheels.commit_epoch(e.pin.date) for e in record.distributions.values() if e.pin.date), key=int,
+                    default=wheels.commit_epoch(None))
         return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=python)

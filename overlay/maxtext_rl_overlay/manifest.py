@@ -1,78 +1,175 @@
 """The build manifest: what each overlay wheel was built from, and the sha256
-of every installed file its series touches. Written at build time into the
-maxtext-rl-overlay wheel; read back by `verify` on the target machine.
+of every installed file its series touches. The build writes it into the
+maxtext-rl-overlay wheel; `verify` reads it back on the target machine.
 
-Plain JSON, keys sorted, no machine paths or times: the same pins give the
-same manifest, and so the same maxtext-rl-overlay wheel, on any machine."""
+This module is the format and nothing else: typed records and their JSON
+form. It imports nothing of the build side, so `verify` depends on the
+manifest's format alone. Plain JSON, keys sorted, no machine paths or times:
+the same pins give the same manifest, and so the same maxtext-rl-overlay
+wheel, on any machine."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import pathlib
-import zipfile
-from typing import TYPE_CHECKING
 from importlib import resources
+from typing import Any
 
-from .digest import sha256_file
 from .errors import OverlayError
-from .patching import AppliedPatch
-from .pins import Pin
-from .sources import Source
-
-if TYPE_CHECKING:
-    from .environment import Environment
 
 FORMAT = 1
 RESOURCE = "manifest.json"
 
 
-def entry(pin: Pin, source: Source, version: str, wheel: pathlib.Path, series: list[AppliedPatch], patch_ids: dict[str, str]) -> dict:
-    """The manifest entry of one built distribution."""
-    touched = sorted({f for p in series for f in p.files})
-    with zipfile.ZipFile(wheel) as zf:
-        names = set(zf.namelist())
-        # Files the series touches that the wheel installs (a touched test or
-        # build file is not installed, so there is nothing to verify of it).
-        files = {f: hashlib.sha256(zf.read(f)).hexdigest() for f in touched if f in names}
-    return {
-        "version": version,
-        "import_package": pin.import_package,
-        "from_pin": source.from_pin,
-        "pin": {"repository": pin.repository, "commit": pin.commit, "tree": pin.tree, "date": pin.date},
-        "source": {"tree": source.tree, "commit": source.commit, "upstream_version": source.upstream_version},
-        "wheel": {"filename": wheel.name, "sha256": sha256_file(wheel)},
-        "series": [
-            dict(dataclasses.asdict(p), files=list(p.files), sha256=sha256_file(pin.directory / p.name), patch_id=patch_ids.get(p.name))
-            for p in series
-        ],
-        "files": files,
-    }
+@dataclasses.dataclass(frozen=True)
+class WheelFile:
+    filename: str
+    sha256: str
 
 
-def dumps(distributions: dict[str, dict], *, overlay_version: str, revision: int, not_built: list[str], env: Environment, adapter: dict | None) -> str:
-    torch = env.torch
-    doc = {
-        "format": FORMAT,
-        "overlay": {"version": overlay_version, "revision": revision},
-        "distributions": distributions,
-        "not_built": sorted(not_built),
-        # The environment the closure was resolved for: what `verify` checks
-        # beyond our wheels, and how it tells the user to restore them.
-        "environment": {
-            "maxtext": env.maxtext,
-            "extra": env.extra,
-            "torch": {"version": torch.version, "wanted": torch.wanted, "standin": torch.standin,
-                      "torchvision": torch.torchvision},
-            # MaxText's vLLM plugin, built from the release: installed by the extra.
-            "maxtext_vllm_adapter": adapter,
-        },
-    }
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+@dataclasses.dataclass(frozen=True)
+class PinRecord:
+    repository: str
+    commit: str
+    tree: str
+    date: str
 
 
-def load_installed() -> dict:
+@dataclasses.dataclass(frozen=True)
+class SourceRecord:
+    tree: str  # the git tree id of what was built
+    commit: str | None  # None for a tree that came without git history
+    upstream_version: str | None  # an sdist stand-in's own version
+
+
+@dataclasses.dataclass(frozen=True)
+class PatchRecord:
+    name: str
+    subject: str
+    upstream_status: str
+    blobs_checked: bool  # pre/post-image blob ids verified (pinned tree only)
+    files: tuple[str, ...]
+    sha256: str  # of the patch file
+    patch_id: str | None  # git patch-id --stable, where git was installed
+
+
+@dataclasses.dataclass(frozen=True)
+class BuiltAgainst:
+    """The torch a distribution's extensions link (vLLM)."""
+
+    torch: str
+    cuda: str  # "" for a CPU build
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+    """One overlay build of an upstream."""
+
+    version: str
+    import_package: str
+    from_pin: bool  # False: a stand-in tree, labelled unpinned
+    pin: PinRecord
+    source: SourceRecord
+    wheel: WheelFile
+    series: tuple[PatchRecord, ...]
+    # Files the series touches that the wheel installs, relpath -> sha256.
+    files: dict[str, str]
+    built_against: BuiltAgainst | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """MaxText's vLLM plugin, built unchanged from the MaxText release."""
+
+    name: str
+    version: str
+    wheel: WheelFile
+    source: str  # "<release wheel>:<folder>"
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchRecord:
+    version: str  # what the closure pins
+    wanted: str  # what MaxText asks for
+    standin: bool
+    torchvision: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvironmentRecord:
+    """The environment the closure was resolved for: what `verify` checks
+    beyond our wheels, and how it tells the user to restore them."""
+
+    maxtext: str  # the requirement of the overlay's `maxtext` extra
+    extra: str
+    torch: TorchRecord
+    maxtext_vllm_adapter: Adapter | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    overlay_version: str
+    revision: int
+    distributions: dict[str, Distribution]
+    not_built: tuple[str, ...]
+    environment: EnvironmentRecord
+
+    def dumps(self) -> str:
+        doc = {
+            "format": FORMAT,
+            "overlay": {"version": self.overlay_version, "revision": self.revision},
+            "distributions": {name: _plain(d) for name, d in self.distributions.items()},
+            "not_built": sorted(self.not_built),
+            "environment": _plain(self.environment),
+        }
+        return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def loads(cls, text: str) -> Manifest:
+        doc = json.loads(text)
+        if doc.get("format") != FORMAT:
+            raise OverlayError(f"the installed manifest has format {doc.get('format')}; this tool reads format {FORMAT}.")
+        try:
+            env = doc["environment"]
+            adapter = env.get("maxtext_vllm_adapter")
+            return cls(
+                overlay_version=doc["overlay"]["version"],
+                revision=doc["overlay"]["revision"],
+                distributions={name: _distribution(d) for name, d in doc["distributions"].items()},
+                not_built=tuple(doc["not_built"]),
+                environment=EnvironmentRecord(
+                    env["maxtext"], env["extra"], TorchRecord(**env["torch"]),
+                    Adapter(adapter["name"], adapter["version"], WheelFile(**adapter["wheel"]), adapter["source"]) if adapter else None,
+                ),
+            )
+        except (KeyError, TypeError) as exc:
+            raise OverlayError(f"the installed manifest is damaged ({type(exc).__name__}: {exc}); reinstall maxtext-rl-overlay.") from None
+
+
+def _plain(record: Any) -> Any:
+    """A record as JSON data: tuples as lists, and an absent built_against
+    left out (as the format has it for pure-Python distributions)."""
+    data = dataclasses.asdict(record)
+    if data.get("built_against", ...) is None:
+        del data["built_against"]
+    return data
+
+
+def _distribution(d: dict[str, Any]) -> Distribution:
+    return Distribution(
+        version=d["version"],
+        import_package=d["import_package"],
+        from_pin=d["from_pin"],
+        pin=PinRecord(**d["pin"]),
+        source=SourceRecord(**d["source"]),
+        wheel=WheelFile(**d["wheel"]),
+        series=tuple(PatchRecord(**dict(p, files=tuple(p["files"]))) for p in d["series"]),
+        files=dict(d["files"]),
+        built_against=BuiltAgainst(**d["built_against"]) if d.get("built_against") else None,
+    )
+
+
+def load_installed() -> Manifest:
     """The manifest of the installed maxtext-rl-overlay wheel."""
     try:
         text = (resources.files(__package__) / RESOURCE).read_text()
@@ -81,7 +178,4 @@ def load_installed() -> dict:
             "this maxtext-rl-overlay carries no build manifest: it was installed from a source "
             "tree, not from a wheel made by scripts/build-wheels.sh. Install the built wheel."
         ) from None
-    doc = json.loads(text)
-    if doc.get("format") != FORMAT:
-        raise OverlayError(f"the installed manifest has format {doc.get('format')}; this tool reads format {FORMAT}.")
-    return doc
+    return Manifest.loads(text)

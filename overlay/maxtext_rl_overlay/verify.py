@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from . import manifest, proc
+from .manifest import Manifest
 from .errors import OverlayError
 from .digest import sha256_file
 
@@ -74,26 +75,25 @@ def _replaced(want: str, found: str, dist: md.Distribution) -> str:
     return f"{found}: REPLACED by {same} build, not the overlay's{how}"
 
 
-def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Finding]:
+def check(doc: Manifest | None = None, *, require_pinned: bool = False) -> list[Finding]:
     doc = doc if doc is not None else manifest.load_installed()
     findings: list[Finding] = []
-    for name, want in sorted(doc["distributions"].items()):
+    for name, want in sorted(doc.distributions.items()):
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
-            findings.append(Finding(name, "version", want["version"], "not installed", False))
+            findings.append(Finding(name, "version", want.version, "not installed", False))
             continue
         if canonicalize_name(dist.metadata["Name"]) != canonicalize_name(name):
             findings.append(Finding(name, "name", name, dist.metadata["Name"], False))
-        same = dist.version == want["version"]
-        findings.append(Finding(name, "version", want["version"], dist.version if same else _replaced(want["version"], dist.version, dist), same))
-        if want["from_pin"]:
-            findings.append(Finding(name, "source", f"pin {want['pin']['commit'][:12]}", f"pin {want['pin']['commit'][:12]}", True))
+        same = dist.version == want.version
+        findings.append(Finding(name, "version", want.version, dist.version if same else _replaced(want.version, dist.version, dist), same))
+        pin = f"pin {want.pin.commit[:12]}"
+        if want.from_pin:
+            findings.append(Finding(name, "source", pin, pin, True))
         else:
-            findings.append(
-                Finding(name, "source", f"pin {want['pin']['commit'][:12]}", f"UNPINNED stand-in tree {want['source']['tree'][:12]}", not require_pinned)
-            )
-        for relpath, sha in sorted(want["files"].items()):
+            findings.append(Finding(name, "source", pin, f"UNPINNED stand-in tree {want.source.tree[:12]}", not require_pinned))
+        for relpath, sha in sorted(want.files.items()):
             path = dist.locate_file(relpath)
             try:
                 found = sha256_file(path)
@@ -108,23 +108,19 @@ def check(doc: dict | None = None, *, require_pinned: bool = False) -> list[Find
     return findings
 
 
-def check_environment(doc: dict, *, require_pinned: bool = False) -> list[Finding]:
+def check_environment(doc: Manifest, *, require_pinned: bool = False) -> list[Finding]:
     """The closure's torch: the version the vLLM extensions were built
     against, and whether it is the CPU build or PyPI's stand-in."""
-    env = doc.get("environment", {})
-    findings = []
-    torch = env.get("torch")
-    if torch:
-        found = _version("torch")
-        want = torch["version"]
-        label = f"{want} (STAND-IN for {torch['wanted']}: PyPI's CUDA build)" if torch["standin"] else want
-        findings.append(Finding("torch", "version", label, found, found == want and not (torch["standin"] and require_pinned)))
-    adapter = env.get("maxtext_vllm_adapter")
+    torch = doc.environment.torch
+    found = _version("torch")
+    label = f"{torch.version} (STAND-IN for {torch.wanted}: PyPI's CUDA build)" if torch.standin else torch.version
+    findings = [Finding("torch", "version", label, found, found == torch.version and not (torch.standin and require_pinned))]
+    adapter = doc.environment.maxtext_vllm_adapter
     if adapter and _maxtext_installed():
         # With MaxText, its vLLM plugin must be there (vLLM's engine processes
         # find MaxTextForCausalLM through it), built from the same release.
-        found = _version(adapter["name"])
-        findings.append(Finding(adapter["name"], "version", adapter["version"], found, found == adapter["version"]))
+        found = _version(adapter.name)
+        findings.append(Finding(adapter.name, "version", adapter.version, found, found == adapter.version))
     return findings
 
 
@@ -139,18 +135,18 @@ def _maxtext_installed() -> bool:
     return _version("maxtext") != "not installed"
 
 
-def import_modules(doc: dict) -> dict[str, str]:
+def import_modules(doc: Manifest) -> dict[str, str]:
     """What the overlay vouches for, module -> distribution: every
     distribution's import package, and each module its series patches."""
     modules: dict[str, str] = {}
-    for name, want in sorted(doc["distributions"].items()):
-        modules[want["import_package"]] = name
-        for relpath in sorted(want["files"]):
+    for name, want in sorted(doc.distributions.items()):
+        modules[want.import_package] = name
+        for relpath in sorted(want.files):
             if relpath.endswith(".py"):
                 modules.setdefault(relpath[: -len(".py")].replace("/", ".").removesuffix(".__init__"), name)
-    adapter = doc.get("environment", {}).get("maxtext_vllm_adapter")
+    adapter = doc.environment.maxtext_vllm_adapter
     if adapter and _maxtext_installed():
-        modules["maxtext_vllm_adapter"] = adapter["name"]
+        modules["maxtext_vllm_adapter"] = adapter.name
     return modules
 
 
@@ -167,7 +163,7 @@ for name in sys.argv[1:]:
 """
 
 
-def check_imports(doc: dict | None = None, *, python: str = sys.executable) -> list[Finding]:
+def check_imports(doc: Manifest | None = None, *, python: str = sys.executable) -> list[Finding]:
     doc = doc if doc is not None else manifest.load_installed()
     modules = import_modules(doc)
     try:
@@ -192,13 +188,13 @@ def check_imports(doc: dict | None = None, *, python: str = sys.executable) -> l
     return findings
 
 
-def restore_command(doc: dict) -> str:
+def restore_command(doc: Manifest) -> str:
     """The command that puts the overlay back after another installer
     replaced part of it (the user's own install command, as constraints.txt
     pins our builds exactly)."""
-    env = doc.get("environment", {})
-    target = f'"maxtext-rl-overlay[{env.get("extra", "maxtext")}]"' if _maxtext_installed() else "maxtext-rl-overlay"
-    override = " --override torch-standin-overrides.txt" if env.get("torch", {}).get("standin") and "[" in target else ""
+    env = doc.environment
+    target = f'"maxtext-rl-overlay[{env.extra}]"' if _maxtext_installed() else "maxtext-rl-overlay"
+    override = " --override torch-standin-overrides.txt" if env.torch.standin and "[" in target else ""
     return f"uv pip install -c constraints.txt{override} {target}"
 
 
@@ -211,7 +207,7 @@ def render(findings: list[Finding]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def explain(findings: list[Finding], doc: dict) -> list[str]:
+def explain(findings: list[Finding], doc: Manifest) -> list[str]:
     """What the user should know and do, in sentences, for what failed."""
     lines = []
     replaced = [f for f in findings if f.what == "version" and "REPLACED" in f.found]

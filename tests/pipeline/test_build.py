@@ -151,7 +151,7 @@ def previous(tmp_path, standin, cache_dir, project):
 
 
 def _fails_cleanly(proc, out, before, *needles):
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     err = proc.stderr
     assert "Traceback" not in err, err
     for needle in needles:

@@ -65,7 +65,7 @@ def test_vllm_source_asking_for_another_torch_is_a_build_error(tmp_path, standin
     pyproject.write_text(pyproject.read_text().replace('"torch == 2.11.0"', '"torch == 2.10.0"', 1))
     out = tmp_path / "rel" / "dist"
     proc = build_standins(project, out, dict(standin, vllm=tree), cache_dir, only=ALL, check=False)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 3, proc.stderr
     assert "vllm: its build-system requires 'torch == 2.10.0', but the closure's torch is 2.11.0" in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
 

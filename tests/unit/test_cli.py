@@ -1,0 +1,114 @@
+"""The command line: its exit statuses, -v, --version, and the shared runner
+and staging helpers every stage uses."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from maxtext_rl_overlay import __main__ as cli
+from maxtext_rl_overlay import proc, staging
+from maxtext_rl_overlay.errors import OverlayError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _cli(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_exit_statuses_are_distinct_and_documented_in_the_readme():
+    table = dict(re.findall(r"(?m)^\| (\d+) \| (.+) \|$", (ROOT / "README.md").read_text()))
+    assert sorted(int(k) for k in table) == sorted(int(c) for c in cli.ExitCode)
+    assert len(set(cli.ExitCode)) == len(cli.ExitCode.__members__)
+    help_text = _cli("--help").stdout
+    for code in cli.ExitCode:
+        assert re.search(rf"(?m)^  {int(code)}\s+\S", help_text), help_text
+
+
+def test_usage_error_and_failure_exit_differently(tmp_path):
+    usage = _cli("rebase", "no-such-upstream", "HEAD")
+    assert usage.returncode == cli.ExitCode.USAGE and "invalid choice" in usage.stderr
+    failure = _cli("lint", cwd=tmp_path)  # no checkout here
+    assert failure.returncode == cli.ExitCode.ERROR, failure.stderr
+    assert "not inside a maxtext-rl-overlay checkout" in failure.stderr and "Traceback" not in failure.stderr
+
+
+def test_version_and_every_subcommand_has_help():
+    from maxtext_rl_overlay import __version__
+
+    assert _cli("--version").stdout.strip() == f"maxtext-rl-overlay {__version__}"
+    top = _cli("--help").stdout
+    for name in ("verify", "build", "lint", "rebase", "test-matrix"):
+        assert re.search(rf"(?m)^    {name}\s+\S", top), top
+        sub = _cli(name, "--help").stdout
+        assert "-v, --verbose" in sub and "exit status:" in sub
+        if name != "verify":  # verify acts on the installed stack, not a checkout
+            assert "--project DIR" in sub and "the maxtext-rl-overlay checkout" in sub
+
+
+def test_verbose_before_or_after_the_subcommand():
+    for args in (["-v", "lint"], ["lint", "-v"]):
+        done = _cli(*args, "--project", str(ROOT))
+        assert done.returncode == 0, done.stderr
+    quiet = cli._parser().parse_args(["lint"])
+    loud = cli._parser().parse_args(["lint", "-v"])
+    early = cli._parser().parse_args(["-v", "lint"])
+    assert (quiet.verbose, loud.verbose, early.verbose) == (False, True, True)
+
+
+def test_a_failing_program_is_an_overlay_error_with_its_output_tail():
+    script = "import sys\nfor i in range(40): print('line', i)\nsys.exit(4)"
+    with pytest.raises(OverlayError) as info:
+        proc.run([sys.executable, "-c", script], who="demo", what="counting")
+    message = str(info.value)
+    assert message.startswith("demo: counting failed (") and "exited with 4" in message
+    assert "line 39" in message and "line 24" not in message  # the tail, not the whole output
+    assert proc.run([sys.executable, "-c", "raise SystemExit(4)"], what="x", check=False).returncode == 4
+    with pytest.raises(OverlayError, match="not installed"):
+        proc.run(["no-such-program-mrl"], what="x")
+    with pytest.raises(OverlayError, match="did not finish within 1 s"):
+        proc.run([sys.executable, "-c", "import time; time.sleep(5)"], what="x", timeout=1)
+
+
+def test_verbose_streams_a_long_step_and_still_captures_it(capsys):
+    proc.set_verbose(True)
+    try:
+        done = proc.run([sys.executable, "-c", "print('hello'); import sys; print('warn', file=sys.stderr)"],
+                        who="demo", what="greeting", log=True)
+    finally:
+        proc.set_verbose(False)
+    err = capsys.readouterr().err
+    assert "[demo] $ " in err and "[demo] | hello" in err and "[demo] | warn" in err
+    assert done.stdout == "hello\n" and done.stderr == "warn\n"
+
+
+def test_git_runs_without_the_users_configuration(tmp_path, monkeypatch):
+    from maxtext_rl_overlay.git import out
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[user]\n\tname = Someone Else\n")
+    monkeypatch.setenv("HOME", str(home))
+    assert out("config", "user.name", cwd=tmp_path, check=False) == ""
+    assert out("var", "GIT_COMMITTER_IDENT", cwd=tmp_path).startswith("maxtext-rl-overlay <")
+
+
+def test_staged_dir_appears_whole_or_not_at_all(tmp_path):
+    dest = tmp_path / "dest"
+    with pytest.raises(RuntimeError):
+        with staging.staged_dir(dest) as tmp:
+            (tmp / "half").write_text("written")
+            raise RuntimeError("stop")
+    assert not dest.exists() and list(tmp_path.iterdir()) == []
+    with staging.staged_dir(dest) as tmp:
+        (tmp / "a").write_text("1")
+    assert (dest / "a").read_text() == "1"
+    with staging.staged_dir(dest, replace=True, mode=0o755) as tmp:
+        (tmp / "b").write_text("2")
+    assert sorted(p.name for p in dest.iterdir()) == ["b"] and oct(dest.stat().st_mode & 0o777) == "0o755"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]  # nothing left beside it

@@ -1,0 +1,61 @@
+"""The manifest is a format: typed records whose JSON form the build writes
+and `verify` reads, on another machine, with another copy of this code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from maxtext_rl_overlay import manifest
+from maxtext_rl_overlay.errors import OverlayError
+
+
+def _record(built_against: manifest.BuiltAgainst | None) -> manifest.Manifest:
+    dist = manifest.Distribution(
+        version="0.1.8+mrl.2", import_package="tunix", from_pin=True,
+        pin=manifest.PinRecord("https://example.invalid/tunix", "c" * 40, "t" * 40, "2026-08-05T00:09:38-07:00"),
+        source=manifest.SourceRecord("t" * 40, "c" * 40, None),
+        wheel=manifest.WheelFile("google_tunix-0.1.8+mrl.2-py3-none-any.whl", "a" * 64),
+        series=(manifest.PatchRecord("0001-x.patch", "Fix x", "Pending", True, ("tunix/x.py",), "b" * 64, None),),
+        files={"tunix/x.py": "d" * 64}, built_against=built_against,
+    )
+    env = manifest.EnvironmentRecord("maxtext[tpu-post-train]==0.2.4", "maxtext",
+                                     manifest.TorchRecord("2.11.0", "2.11.0+cpu", True, "0.26.0"),
+                                     manifest.Adapter("maxtext-vllm-adapter", "0.1.0", manifest.WheelFile("a.whl", "e" * 64), "mt.whl:dir/"))
+    return manifest.Manifest("0.1.0", 2, {"google-tunix": dist}, ("vllm",), env)
+
+
+@pytest.mark.parametrize("built_against", [None, manifest.BuiltAgainst("2.11.0", "13.0")])
+def test_json_round_trip_is_exact(built_against):
+    record = _record(built_against)
+    text = record.dumps()
+    assert manifest.Manifest.loads(text) == record
+    assert manifest.Manifest.loads(text).dumps() == text
+    doc = json.loads(text)
+    assert doc["format"] == manifest.FORMAT and list(doc) == sorted(doc)
+    # A pure-Python build has no built_against key at all (the format before the record types).
+    assert ("built_against" in doc["distributions"]["google-tunix"]) == (built_against is not None)
+
+
+def test_a_damaged_or_foreign_manifest_is_refused_in_words():
+    doc = json.loads(_record(None).dumps())
+    with pytest.raises(OverlayError, match="format 99"):
+        manifest.Manifest.loads(json.dumps(dict(doc, format=99)))
+    del doc["distributions"]["google-tunix"]["wheel"]
+    with pytest.raises(OverlayError, match="damaged .*reinstall"):
+        manifest.Manifest.loads(json.dumps(doc))
+
+
+def test_verify_depends_on_the_format_alone():
+    """verify and manifest import nothing of the build side (pins, sources,
+    patching, wheels, environment...): a TPU VM needs only the format."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(manifest.__file__).parent
+    for module in ("verify", "manifest"):
+        tree = ast.parse((package / f"{module}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module for a in n.names}
+        assert imported <= {"manifest", "proc", "errors", "digest"}, (module, imported)
