@@ -165,7 +165,7 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
     return ExitCode.CHECK_FAILED if report.stopped or not report.tests_ok else ExitCode.OK
 
 
-def _interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 

@@ -23,7 +23,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from . import buildenv, environment, manifest, patchfile, publish, sources, wheels
 from .digest import sha256_file
 from .errors import OverlayError
-from .patching import AppliedPatch, apply_series
+from .patching import AppliedPatch, Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
 from .staging import staged_dir, write_atomically
@@ -37,7 +37,7 @@ class BuildOptions:
     out: pathlib.Path | None = None  # default: <project>/dist
     constraints: pathlib.Path | None = None  # default: <project>/constraints.txt
     allow_unpinned: bool = False
-    engine: str | None = None  # patch engine; default git where installed
+    engine: Engine | None = None  # patch engine; default git where installed
     python: str = sys.executable  # the interpreter the builds and the resolver use
     cache: pathlib.Path | None = None
     torch_standin: bool = False  # PyPI's torch X for MaxText's X+cpu, labelled as a stand-in

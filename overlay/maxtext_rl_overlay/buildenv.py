@@ -130,7 +130,8 @@ def _make(who: str, root: pathlib.Path, python: str, requires: list[str], torch:
         toolkit = [r for r in info["requires"] if Requirement(r).name == "cuda-toolkit"]
         pinned = [s.version for r in toolkit for s in Requirement(r).specifier if s.operator == "=="]
         if len(pinned) != 1:
-            raise OverlayError(f"{who}: torch {info['version']} is a CUDA build but does not pin cuda-toolkit ({toolkit}); cannot choose the toolkit to build against.")
+            raise OverlayError(f"{who}: torch {info['version']} is a CUDA build but does not pin cuda-toolkit ({toolkit}); "
+                               "cannot choose the toolkit to build against.")
         _run(who, [uv, "pip", "install", "--quiet", "-p", vpy, f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={pinned[0]}"], "installing the CUDA toolkit")
         info["cuda_home"] = str(_link_toolkit(who, root, info["cuda"]))
     (root / ".complete").write_text(json.dumps(info, sort_keys=True))

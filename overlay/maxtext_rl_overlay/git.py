@@ -74,7 +74,7 @@ def missing_blobs(git_dir: pathlib.Path, commit: str) -> list[str]:
     git can neither check out nor commit on a tree that names one."""
     blobs = [e for e in tree_entries(git_dir, commit) if e.kind == "blob"]
     answer = git("cat-file", "--batch-check", git_dir=git_dir, input="".join(e.oid + "\n" for e in blobs)).stdout
-    return [e.path for e, line in zip(blobs, str(answer).splitlines()) if line.endswith(" missing")]
+    return [e.path for e, line in zip(blobs, str(answer).splitlines(), strict=True) if line.endswith(" missing")]
 
 
 def inside_package(missing: list[str], import_package: str) -> list[str]:

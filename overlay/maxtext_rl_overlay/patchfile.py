@@ -8,6 +8,8 @@ import email.parser
 import email.policy
 import pathlib
 import re
+from collections.abc import Iterator
+from typing import Any
 
 from .errors import OverlayError
 from .git import git
@@ -62,8 +64,8 @@ def parse(path: pathlib.Path) -> PatchFile:
     return PatchFile(path, subject, trailers, tuple(_file_changes(path, diff)))
 
 
-def _file_changes(path: pathlib.Path, diff: str):
-    current: dict | None = None
+def _file_changes(path: pathlib.Path, diff: str) -> Iterator[FileChange]:
+    current: dict[str, Any] | None = None
     for line in diff.splitlines():
         m = _DIFF.match(line)
         if m:
@@ -87,7 +89,7 @@ def _file_changes(path: pathlib.Path, diff: str):
         yield _finish(path, current)
 
 
-def _finish(path: pathlib.Path, c: dict) -> FileChange:
+def _finish(path: pathlib.Path, c: dict[str, Any]) -> FileChange:
     if c["pre"] is None and (c["has_hunks"] or c["binary"]):
         raise OverlayError(f"{path}: the change to {c['path']} has no 'index' line.")
     pre, post = c["pre"] or "", c["post"] or ""
@@ -140,4 +142,4 @@ def patch_id(path: pathlib.Path) -> str:
     out = git("patch-id", "--stable", input=path.read_bytes(), text=False, what=f"git patch-id of {path.name}").stdout.split()
     if not out:
         raise OverlayError(f"{path}: git patch-id found no diff in it.")
-    return out[0].decode()
+    return bytes(out[0]).decode()

@@ -11,21 +11,21 @@ tree only the exact hunks (no fuzz) can be checked, and the result says so.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
 import os
 import pathlib
 import shutil
 import tempfile
+from typing import Any, Literal, get_args
 
 from . import gittree, patchfile
 from .errors import OverlayError
+from .git import git
 from .patchfile import ZERO, PatchFile
 from .pins import Pin
-from .git import git
 from .proc import output_tail
 from .progress import step
-from .staging import staged_dir
 from .sources import Source
+from .staging import staged_dir
 
 #: The two ways of applying a series; they must give the same answers.
 Engine = Literal["git", "patch-ng"]
@@ -155,7 +155,7 @@ def _git_am(pin: Pin, patch: PatchFile, work: pathlib.Path) -> None:
         )
 
 
-def _patch_ng_set(patch: PatchFile):
+def _patch_ng_set(patch: PatchFile) -> Any:  # a patch_ng.PatchSet (the library has no types)
     """patch-ng's parse of `patch`, with whole-file creations and deletions
     taken out of it: patch-ng skips a file created from /dev/null and still
     reports success, so those are done here (_create_and_delete)."""
@@ -192,7 +192,7 @@ def _create_and_delete(pin: Pin, patch: PatchFile, work: pathlib.Path, *, dry_ru
                 (work / change.old_path).unlink()
 
 
-def _locate_hunks(parsed, root: pathlib.Path) -> list[tuple[bool, bool]]:
+def _locate_hunks(parsed: Any, root: pathlib.Path) -> list[tuple[bool, bool]]:
     """Find where each hunk's pre-image lines stand exactly, nearest to the
     line the patch names, as `git apply` does, and move the hunk there.
     Returns, per hunk, whether its pre-image and its post-image were found.

@@ -117,7 +117,7 @@ def _streamed(args: list[str], cwd: pathlib.Path | None, env: dict[str, str] | N
     for t in threads:
         t.start()
     if data is not None and popen.stdin is not None:
-        popen.stdin.write(data)  # type: ignore[arg-type]  # str with text=True, bytes without
+        popen.stdin.write(data)
         popen.stdin.close()
     try:
         code = popen.wait(timeout=timeout)
@@ -127,7 +127,6 @@ def _streamed(args: list[str], cwd: pathlib.Path | None, env: dict[str, str] | N
         raise
     for t in threads:
         t.join()
-    empty: str | bytes = "" if text else b""
-    out = empty.join(captured["out"])  # type: ignore[attr-defined]
-    err = empty.join(captured["err"])  # type: ignore[attr-defined]
+    out = "".join(captured["out"]) if text else b"".join(captured["out"])
+    err = "".join(captured["err"]) if text else b"".join(captured["err"])
     return subprocess.CompletedProcess(args, code, out, err)

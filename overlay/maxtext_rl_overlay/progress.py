@@ -7,14 +7,15 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Iterator
 
 
 class _Step:
-    def __call__(self, who: str, what: str):
+    def __call__(self, who: str, what: str) -> contextlib.AbstractContextManager[None]:
         return self._timed(who, what)
 
     @contextlib.contextmanager
-    def _timed(self, who: str, what: str):
+    def _timed(self, who: str, what: str) -> Iterator[None]:
         start = time.monotonic()
         print(f"[{who}] {what} ...", file=sys.stderr, flush=True)
         try:

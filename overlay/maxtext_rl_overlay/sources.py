@@ -21,9 +21,9 @@ import tempfile
 import zipfile
 
 from . import gittree
+from .errors import OverlayError
 from .git import git, inside_package, tree_entries
 from .git import out as gitout
-from .errors import OverlayError
 from .pins import Pin
 from .progress import step
 from .staging import staged_dir

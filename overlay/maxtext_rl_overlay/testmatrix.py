@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shlex
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import proc, publish
+from . import proc, publish, tables
 from .errors import OverlayError
 from .pins import load_project, refuse_unknown
 from .progress import step
@@ -263,8 +262,7 @@ def render(results: list[CellResult]) -> str:
     rows = [("cell", "verify", "passed", "failed", "errors", "skipped", "time")]
     for r in results:
         rows.append((r.cell, r.verify, str(r.passed), str(r.failed), str(r.errors), str(r.skipped), f"{r.seconds:.0f}s"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [tables.render(rows)]
     passed = sum(r.passed for r in results)
     failed = sum(r.failed + r.errors for r in results)
     skipped = sum(r.skipped for r in results)

@@ -18,15 +18,16 @@ import base64
 import dataclasses
 import importlib.metadata as md
 import json
+import pathlib
 import sys
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest, proc
-from .manifest import Manifest
-from .errors import OverlayError
+from . import manifest, proc, tables
 from .digest import sha256_file
+from .errors import OverlayError
+from .manifest import Manifest
 
 #: How long the import check may take (tpu_inference alone imports vLLM,
 #: torch and transformers: 25-35 s on a small machine).
@@ -96,7 +97,7 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False) -> list[
         for relpath, sha in sorted(want.files.items()):
             path = dist.locate_file(relpath)
             try:
-                found = sha256_file(path)
+                found = sha256_file(pathlib.Path(str(path)))
             except OSError:
                 found = "missing"
             recorded = _record_hash(dist, relpath)
@@ -199,12 +200,12 @@ def restore_command(doc: Manifest) -> str:
 
 
 def render(findings: list[Finding]) -> str:
+    def short(s: str) -> str:  # sha256 columns stay readable
+        return s[:12] if len(s) == 64 else s
+
     rows = [("distribution", "check", "expected", "found", "")]
-    for f in findings:
-        short = lambda s: s[:12] if len(s) == 64 else s  # noqa: E731 - sha256 columns stay readable
-        rows.append((f.distribution, f.what, short(f.expected), short(f.found), "ok" if f.ok else "DIFFERS"))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    rows += [(f.distribution, f.what, short(f.expected), short(f.found), "ok" if f.ok else "DIFFERS") for f in findings]
+    return tables.render(rows)
 
 
 def explain(findings: list[Finding], doc: Manifest) -> list[str]:

@@ -23,6 +23,7 @@ from .errors import OverlayError
 from .proc import run
 from .progress import step
 
+
 def wheel_version(upstream_version: str, local_label: str) -> str:
     return f"{upstream_version}+{local_label}"
 
