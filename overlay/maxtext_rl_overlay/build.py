@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import pathlib
-import re
 import shutil
 import sys
 import tempfile
@@ -20,7 +18,7 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildenv, environment, manifest, patchfile, publish, sources, wheels
+from . import buildenv, environment, manifest, patchfile, publish, sources, tomledit, wheels
 from .digest import sha256_file
 from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
@@ -216,16 +214,13 @@ def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifes
         shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))
         text = (root / "pyproject.toml").read_text()
         deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items()]
-        new, count = re.subn(r"(?ms)^dependencies = \[.*?\]\n", "dependencies = [\n" + "".join(f'  "{d}",\n' for d in deps) + "]\n", text, count=1)
-        if count != 1:
-            raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the [project] dependencies list to pin the overlay builds.")
+        where = str(root / "pyproject.toml")
+        text = tomledit.set_value(text, ("project",), "dependencies", deps, where=where)
         if adapter:
             name = record.environment.extra
             extra = list(meta["optional-dependencies"][name]) + [f"{adapter.name}=={adapter.version}"]
-            new, count = re.subn(rf"(?m)^{re.escape(name)} = \[.*\]\n", f"{name} = {json.dumps(extra)}\n", new, count=1)
-            if count != 1:
-                raise OverlayError(f"{root / 'pyproject.toml'}: cannot find the one-line `{name} = [...]` extra to add MaxText's vLLM plugin to.")
-        (tree / "pyproject.toml").write_text(new)
+            text = tomledit.set_value(text, ("project", "optional-dependencies"), name, extra, where=where)
+        (tree / "pyproject.toml").write_text(text)
         (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(record.dumps())
         # The newest pinned commit date: the same on every machine.
         epoch = max((wheels.commit_epoch(e.pin.date) for e in record.distributions.values() if e.pin.date), key=int,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 import tomllib
@@ -18,6 +17,7 @@ from importlib import resources
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from . import tomledit
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
 from .errors import OverlayError
 from .proc import run
@@ -40,12 +40,7 @@ def set_static_version(tree: pathlib.Path, version: str) -> bool:
     project = tomllib.loads(text).get("project", {})
     if "version" not in project:
         return False
-    new, count = re.subn(
-        r'(?m)^(version\s*=\s*)"[^"]*"', lambda m: f'{m.group(1)}"{version}"', text, count=1
-    )
-    if count != 1 or tomllib.loads(new)["project"]["version"] != version:
-        raise OverlayError(f"{pyproject}: cannot set the static version to {version}.")
-    pyproject.write_text(new)
+    pyproject.write_text(tomledit.set_value(text, ("project",), "version", version, where=str(pyproject)))
     return True
 
 
