@@ -7,9 +7,9 @@ import os
 import pathlib
 import re
 import subprocess
-import tomllib
 
 import pytest
+
 from maxtext_rl_overlay import gittree, patchfile
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
@@ -82,7 +82,7 @@ def test_constraints_pin_exactly_what_the_pins_and_revision_build():
         pin = PROJECT.pins[name]
         want = f"\n{name}=={pin.version}+{PROJECT.local_label} \\\n    --hash=sha256:"
         assert want in text, f"constraints.txt does not pin {name} as the pin builds it: run scripts/build-wheels.sh"
-    overlay_version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    overlay_version = PROJECT.metadata["version"]
     assert f"\nmaxtext-rl-overlay=={overlay_version} \\\n" in text
     vllm = re.search(r"^vllm==(\S+) ", text, re.M)
     assert vllm and f"+{PROJECT.local_label}.unpinned." in vllm.group(1), "the vLLM line must be our build, labelled unpinned"
