@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import LastKnownGood, RebasePolicy, load_project, read_pin
+from maxtext_rl_overlay.pins import VERSION_RULES, LastKnownGood, RebasePolicy, load_project, read_pin
+from maxtext_rl_overlay.rebase import versions
 from rebase_support import ROOT
 
 
@@ -35,6 +36,10 @@ def test_touched_files_follow_the_policy():
     pins = load_project(ROOT).pins
     assert pins["tpu-inference"].rebase.touched("tpu-inference") == ("patches/tpu-inference", "patches/vllm/pin.toml", "constraints.txt")
     assert pins["google-tunix"].rebase.touched("google-tunix") == ("patches/google-tunix", "constraints.txt")
+
+
+def test_every_version_rule_has_its_function():
+    assert tuple(versions.RULES) == VERSION_RULES
 
 
 def test_no_table_keeps_the_version(tmp_path):

@@ -1,0 +1,22 @@
+"""What a rebase run did, for render() and the command."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .state import PatchEntry, PinValues
+
+
+@dataclasses.dataclass
+class Report:
+    name: str
+    old: PinValues  # the pin before
+    new: PinValues  # the pin after (only the commit while the series is not written)
+    patches: list[PatchEntry]
+    stopped: bool = False  # at a conflict: --continue or --abort
+    message: str = ""  # what to do next
+    notes: list[str] = dataclasses.field(default_factory=list)
+    tests: str = ""  # the fast tests' summary line
+    tests_ok: bool = True
+    seconds: float = 0.0
+
