@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import shlex
 import shutil
 import time
 
@@ -116,16 +117,12 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
         _build(root, run)
     shutil.rmtree(paths.state)
     report = _report(run)
-    if not run.build:
-        report.notes.append("constraints.txt not regenerated (no --build): run scripts/build-wheels.sh with the sources, then commit it")
     if run.run_tests:
-        tests = run_fast_tests(root)
+        tests = run_fast_tests(root, rebuilt=run.build)
         report.tests_ok, report.tests = tests.ok, tests.summary
+        report.notes += [f"fast tests: {t} left out: constraints.txt is stale until rebuilt" for t in tests.deselected]
     report.seconds = run.seconds + time.monotonic() - began
-    report.message = (
-        f"Review with `git diff -- patches constraints.txt` in {root} and commit; "
-        "undo with `git checkout -- patches constraints.txt` (the checkout was clean when the rebase began)."
-    )
+    report.message = _next_step(root, run)
     return report
 
 
@@ -144,6 +141,21 @@ def _build(root: pathlib.Path, run: RebaseState) -> None:
                 f"{exc}\nThe rebased series and pin are written; the build failed, so constraints.txt is unchanged. "
                 "Fix the cause and run scripts/rebase.sh --continue (builds again), or scripts/rebase.sh --abort."
             ) from None
+
+
+def _next_step(root: pathlib.Path, run: RebaseState) -> str:
+    undo = "undo with `git checkout -- patches constraints.txt` (the checkout was clean when the rebase began)."
+    if run.build:
+        return f"Review with `git diff -- patches constraints.txt` in {root} and commit; {undo}"
+    given = {**run.build_sources, **({run.name: run.source} if run.source else {})}
+    command = shlex.join(["scripts/build-wheels.sh", *(a for n, p in sorted(given.items()) for a in ("--source", f"{n}={p}"))])
+    return (
+        "Next: constraints.txt still pins the wheels of the old pin (no --build). Rebuild it from the new pins:\n"
+        f"  {command}\n"
+        "(or undo and run the rebase again with --build), then review with "
+        f"`git diff -- patches constraints.txt` in {root} and commit the series, the pins and constraints.txt together; "
+        + undo
+    )
 
 
 def _backed_up_patch(paths: Paths, entry: PatchEntry) -> pathlib.Path:

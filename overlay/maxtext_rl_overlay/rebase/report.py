@@ -1,4 +1,4 @@
-"""What a rebase run did, for render() and the command."""
+"""What a rebase run did, for render() and for the command's exit code."""
 
 from __future__ import annotations
 
@@ -20,3 +20,8 @@ class Report:
     tests_ok: bool = True
     seconds: float = 0.0
 
+    @property
+    def exit_code(self) -> int:
+        """1 when the person has to act before the result is usable (a
+        conflict, a failing fast test), else 0."""
+        return 1 if self.stopped or not self.tests_ok else 0
