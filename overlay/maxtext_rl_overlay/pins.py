@@ -18,6 +18,33 @@ DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
 #: requirement-files says otherwise (vLLM: requirements/tpu.txt).
 DEFAULT_REQUIREMENT_FILES = ("pyproject.toml", "requirements.txt")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
+#: How scripts/rebase.sh names the version of a new pin ([rebase] version):
+#: "release-tag-dev-date" <newest release tag>.dev<commit date>, as daily
+#: builds are named; "pyproject" the static [project] version at the commit;
+#: "kept" the previous pin's, for a person to set.
+VERSION_RULES = ("release-tag-dev-date", "pyproject", "kept")
+
+
+@dataclasses.dataclass(frozen=True)
+class LastKnownGood:
+    """A file in the upstream tree naming the commit of another pinned
+    distribution that the upstream's CI verified."""
+    file: str  # tree-relative
+    pin: str  # the distribution it names a commit of
+
+
+@dataclasses.dataclass(frozen=True)
+class RebasePolicy:
+    """What scripts/rebase.sh does for a distribution besides carrying its
+    series: patches/<dist>/pin.toml [rebase]."""
+    version_rule: str = "kept"
+    last_known_good: LastKnownGood | None = None
+
+    def touched(self, name: str) -> tuple[str, ...]:
+        """Every project file a rebase of `name` may write (root-relative);
+        patches/<name>/ as a folder."""
+        other = (f"patches/{self.last_known_good.pin}/pin.toml",) if self.last_known_good else ()
+        return (f"patches/{name}", *other, "constraints.txt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +64,7 @@ class Pin:
     # Built against the closure's torch (C++ extensions link it): without
     # build isolation, in a build environment holding exactly that torch.
     needs_torch: bool = False
+    rebase: RebasePolicy = RebasePolicy()
 
     @property
     def pin_file(self) -> pathlib.Path:
@@ -92,8 +120,10 @@ def read_series(directory: pathlib.Path) -> tuple[pathlib.Path, ...]:
     return tuple(paths)
 
 
-_PIN_KEYS = {"distribution", "import-package", "repository", "commit", "tree", "date", "version", "build"}
+_PIN_KEYS = {"distribution", "import-package", "repository", "commit", "tree", "date", "version", "build", "rebase"}
 _BUILD_KEYS = {"env", "requirements", "requirement-files", "torch"}
+_REBASE_KEYS = {"version", "last-known-good"}
+_LAST_KNOWN_GOOD_KEYS = {"file", "pin"}
 
 
 def refuse_unknown(found: set[str], known: set[str], where: str) -> None:
@@ -133,6 +163,7 @@ def read_pin(directory: pathlib.Path) -> Pin:
             needs_torch=bool(build.get("torch", False)),
             directory=directory,
             series=read_series(directory),
+            rebase=read_rebase_policy(data.get("rebase", {}), directory.name, f"{pin_file} [rebase]"),
         )
     except KeyError as exc:
         raise OverlayError(f"{pin_file} lacks the key {exc.args[0]!r}.") from None
@@ -141,6 +172,35 @@ def read_pin(directory: pathlib.Path) -> Pin:
     if not _HEX40.match(pin.commit) or (pin.tree and not _HEX40.match(pin.tree)):
         raise OverlayError(f"{pin_file}: commit and tree must be 40 lower-case hex digits.")
     return pin
+
+
+def read_rebase_policy(table: object, name: str, where: str) -> RebasePolicy:
+    """A pin file's [rebase] table, checked: a wrong value would otherwise
+    surface only in the middle of a rebase, after the project was changed."""
+    if not isinstance(table, dict):
+        raise OverlayError(f"{where} must be a table.")
+    refuse_unknown(set(table), _REBASE_KEYS, where)
+    rule = table.get("version", RebasePolicy.version_rule)
+    if rule not in VERSION_RULES:
+        raise OverlayError(f"{where}: version = {rule!r} is not a version rule; choose from {', '.join(map(repr, VERSION_RULES))}.")
+    lkg = table.get("last-known-good")
+    if lkg is None:
+        return RebasePolicy(rule)
+    where = f"{where} last-known-good"
+    if not isinstance(lkg, dict):
+        raise OverlayError(f"{where} must be a table {{ file = \"...\", pin = \"...\" }}.")
+    refuse_unknown(set(lkg), _LAST_KNOWN_GOOD_KEYS, where)
+    missing = sorted(_LAST_KNOWN_GOOD_KEYS - set(lkg))
+    if missing:
+        raise OverlayError(f"{where} lacks {', '.join(map(repr, missing))}.")
+    file, pin = lkg["file"], lkg["pin"]
+    parts = pathlib.PurePosixPath(file).parts if isinstance(file, str) else ()
+    if not parts or file.startswith("/") or ".." in parts:
+        raise OverlayError(f"{where}: file = {file!r} must be a path inside the upstream tree.")
+    if pin not in DISTRIBUTIONS or pin == name:
+        others = [d for d in DISTRIBUTIONS if d != name]
+        raise OverlayError(f"{where}: pin = {pin!r} must name another distribution: one of {', '.join(others)}.")
+    return RebasePolicy(rule, LastKnownGood(file, pin))
 
 
 def load_project(root: pathlib.Path) -> Project:

@@ -27,6 +27,7 @@ TPU = pathlib.Path("patches/tpu-inference")
 PATCH = "0001-Reshard-logprobs-in-gather_logprobs-for-Explicit-mes.patch"
 LKG = "d626108b1841888ec90aced33367149a6bbc7e4b"
 OLD_COMMENT = "    # Find the topK values.\n"
+STALE_CONSTRAINTS_TEST = "tests/unit/test_pins_and_patches.py::test_constraints_pin_exactly_what_the_pins_and_revision_build"
 NEW_COMMENT = "    # Find the top-k values and their vocabulary ids.\n"
 
 
@@ -100,17 +101,39 @@ def test_tpu_inference_moves_to_a_later_release(upstreams, tmp_path):
 
 def test_tunix_fetched_from_the_pin_repository_and_fast_tests_run(upstreams, tmp_path):
     """0.1.6 -> 0.1.7 without --source (git fetch from the pin's repository):
-    the version is pyproject's; the fast tests run on the project and catch
-    that constraints.txt was not rebuilt (no --build)."""
+    the version is pyproject's. The whole series carried, the command exits
+    0: the fast tests pass but for the constraints.txt check, stale by
+    construction without --build (left out, said so), and the output says
+    the next step is to rebuild constraints.txt."""
     repo, commits = upstreams["google-tunix"]
     project = make_project(tmp_path / "project", {"google-tunix": {**pin_of(repo, commits["old"]), "repository": str(repo)}}, keep={"google-tunix": 1})
     proc = rebase(project, "google-tunix", "main")
     assert row(proc.stdout, "0001-") == "applied cleanly", proc.stdout + proc.stderr
     assert _pin(project, "google-tunix")["commit"] == commits["new"]
     assert _pin(project, "google-tunix")["version"] == "0.1.7"
-    assert "fast tests (tests/unit): FAILED" in proc.stdout
-    assert "test_constraints_pin_exactly_what_the_pins_and_revision_build" in proc.stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fast tests (tests/unit): passed: " in proc.stdout and "1 deselected" in proc.stdout
+    assert f"{STALE_CONSTRAINTS_TEST} left out: constraints.txt is stale until rebuilt" in proc.stdout
+    assert "Next: constraints.txt still pins the wheels of the old pin" in proc.stdout
+    assert "\n  scripts/build-wheels.sh\n" in proc.stdout and "run the rebase again with --build" in proc.stdout
+    assert _status(project) == [("M", "patches/google-tunix/0001-Handle-Flax-NNX-rng-count-leaves-in-transfer_state_d.patch"),
+                                ("M", "patches/google-tunix/pin.toml")]
+
+
+def test_a_failing_fast_test_still_fails_the_rebase(upstreams, tmp_path):
+    """Only the constraints.txt check is left out: any other fast test that
+    fails makes the command exit 1, and the next step names the sources."""
+    repo, commits = upstreams["tpu-inference"]
+    project = _project(tmp_path, repo, commits["old"])
+    (project / "tests" / "unit" / "test_broken_by_the_move.py").write_text("def test_broken():\n    assert False\n")
+    commit_all(project, "a fast test the move breaks", "2026-11-02T00:00:00+00:00")
+    proc = rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo))
+    assert row(proc.stdout, "0001-") == "applied cleanly", proc.stdout + proc.stderr
     assert proc.returncode == 1
+    assert "fast tests (tests/unit): FAILED: 1 failed" in proc.stdout
+    assert "FAILED tests/unit/test_broken_by_the_move.py::test_broken" in proc.stdout
+    assert STALE_CONSTRAINTS_TEST not in proc.stdout.split("fast tests (tests/unit):", 1)[1].split("\n  time:", 1)[0]
+    assert f"scripts/build-wheels.sh --source tpu-inference={repo}" in proc.stdout
 
 
 def test_unchanged_patch_reexports_without_a_diff(upstream, tmp_path):

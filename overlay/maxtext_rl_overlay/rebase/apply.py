@@ -1,0 +1,99 @@
+"""One patch onto the work clone, and what became of it (state.Outcome):
+applied, dropped because upstream has it (and where), or a conflict left for
+a person; then, on --continue, what the person made of that conflict."""
+
+from __future__ import annotations
+
+import pathlib
+
+from .. import patchfile
+from ..errors import OverlayError
+from ..git import git, out
+from .state import Outcome, PatchEntry
+
+
+def apply_one(work: pathlib.Path, patch: pathlib.Path, entry: PatchEntry, old: str, new: str) -> None:
+    """git am -3 `patch` in `work`; the outcome and its detail go to `entry`."""
+    head = out("rev-parse", "HEAD", cwd=work)
+    entry.commit = head
+    if git("apply", "--check", "-R", str(patch), cwd=work, check=False).returncode == 0:
+        _dropped(entry, where_upstream(work, patch, old, new))
+        return
+    clean = git("apply", "--check", str(patch), cwd=work, check=False).returncode == 0
+    proc = git("am", "-3", "--keep-cr", str(patch), cwd=work, check=False)
+    if proc.returncode == 0:
+        after = out("rev-parse", "HEAD", cwd=work)
+        if after == head:  # "No changes -- Patch already applied.": the 3-way merge changed nothing
+            _dropped(entry, where_upstream(work, patch, old, new))
+            return
+        entry.outcome, entry.commit = (Outcome.APPLIED_CLEANLY if clean else Outcome.APPLIED_3WAY), after
+        return
+    unmerged = _unmerged(work)
+    if not unmerged and not _staged(work) and _in_am(work) and "already applied" in proc.stdout + proc.stderr:
+        git("am", "--skip", cwd=work)  # the 3-way merge left nothing to change
+        _dropped(entry, where_upstream(work, patch, old, new))
+        return
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    entry.outcome = Outcome.CONFLICT
+    entry.detail = "; ".join(unmerged) if unmerged else " / ".join(lines[-4:])
+
+
+def take_resolution(work: pathlib.Path, entry: PatchEntry, new_commit: str, patch: pathlib.Path) -> None:
+    """--continue at the conflicted `entry`: commit what the person resolved
+    in `work`, or drop the patch when they resolved it to upstream's content."""
+    if _in_am(work):
+        unmerged = _unmerged(work)
+        if unmerged:
+            raise OverlayError(
+                f"{entry.name}: {len(unmerged)} file(s) in {work} are still unmerged: {', '.join(unmerged)}. "
+                "Resolve the conflict markers there, `git add` each file, then run scripts/rebase.sh --continue "
+                "(or scripts/rebase.sh --abort)."
+            )
+        if not _staged(work):
+            git("am", "--skip", cwd=work)
+            entry.outcome, entry.detail = Outcome.DROPPED_BY_HAND, f"resolved to the content of {new_commit[:12]}"
+        else:
+            proc = git("am", "--continue", cwd=work, check=False)
+            if proc.returncode != 0:
+                raise OverlayError(f"{entry.name}: git am --continue failed in {work}:\n{(proc.stdout + proc.stderr).strip()}")
+            entry.outcome, entry.commit = Outcome.RESOLVED, out("rev-parse", "HEAD", cwd=work)
+    else:
+        head = out("rev-parse", "HEAD", cwd=work)
+        if head == entry.commit:  # the HEAD before the patch: git am was ended by hand
+            raise OverlayError(
+                f"{entry.name}: git am is no longer in progress in {work} and HEAD did not move. Apply it again "
+                f"(git am -3 {patch}), resolve and git add, then --continue; or --abort."
+            )
+        entry.outcome, entry.commit = Outcome.RESOLVED, head  # the person ran git am --continue
+    entry.detail = entry.detail or "resolved in the work clone"
+
+
+def where_upstream(work: pathlib.Path, patch: pathlib.Path, old: str, new: str) -> str:
+    """The upstream commit with the patch's patch-id between the old and the
+    new pin, if any; else the new pin commit (which contains the change)."""
+    want = patchfile.patch_id(patch)
+    files = [f.path for f in patchfile.parse(patch).files]
+    if git("rev-parse", "--verify", "--quiet", "refs/mrl/old-pin", cwd=work, check=False).returncode == 0:
+        log = git("log", "--no-merges", "-p", "--full-index", f"{old}..{new}", "--", *files, cwd=work, check=False, text=False)
+        if log.returncode == 0 and log.stdout:
+            ids = git("patch-id", "--stable", cwd=work, input=log.stdout, text=False).stdout.decode().split()
+            for pid, commit in zip(ids[::2], ids[1::2]):
+                if pid == want:
+                    return commit
+    return new
+
+
+def _dropped(entry: PatchEntry, where: str) -> None:
+    entry.outcome, entry.detail = Outcome.DROPPED, where
+
+
+def _unmerged(work: pathlib.Path) -> list[str]:
+    return sorted(set(out("diff", "--name-only", "--diff-filter=U", cwd=work).splitlines()))
+
+
+def _staged(work: pathlib.Path) -> bool:
+    return git("diff", "--cached", "--quiet", "HEAD", cwd=work, check=False).returncode != 0
+
+
+def _in_am(work: pathlib.Path) -> bool:
+    return (work / ".git" / "rebase-apply").exists()

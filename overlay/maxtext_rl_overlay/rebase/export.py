@@ -1,0 +1,81 @@
+"""Writing a carried series into the project: the patches re-exported in
+place, a comment in `series` for each dropped one, the pin moved, and the
+last-known-good commit of another pin reported (or applied)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+from ..git import git, out
+from ..pins import Pin, load_project, set_pin_values
+from . import versions
+from .state import PatchEntry, PinValues, RebaseState
+
+# Same file names; author, date and message come from the patch and the
+# commit id is zeroed, so an unchanged patch exports byte for byte.
+_FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--full-index", "--zero-commit", "--no-signature", "--no-numbered")
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+
+
+def write(root: pathlib.Path, state: RebaseState, work: pathlib.Path) -> None:
+    project = load_project(root)
+    pin = project.pins[state.name]
+    git_dir = pathlib.Path(state.git_dir)
+    dropped = {}
+    for entry in state.patches:
+        if entry.outcome.dropped:
+            dropped[entry.name] = entry
+            (pin.directory / entry.name).unlink(missing_ok=True)
+            continue
+        text = git(*_FORMAT_PATCH, entry.commit, cwd=work, text=False).stdout
+        (pin.directory / entry.name).write_bytes(text)
+    if dropped:
+        _comment_out(pin.directory / "series", dropped, state.new_commit)
+    new = _move_pin(pin, git_dir, state.new_commit, state.notes)
+    state.new = new
+    lkg = pin.rebase.last_known_good
+    if lkg:
+        target = project.pins[lkg.pin]
+        state.notes.append(_last_known_good(git_dir, state, lkg.file, target))
+
+
+def _comment_out(series: pathlib.Path, dropped: dict[str, PatchEntry], new_commit: str) -> None:
+    """Each dropped patch's line becomes a record of where upstream has it."""
+    lines = []
+    for line in series.read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        entry = dropped.get(fields[0]) if fields else None
+        if entry:
+            where = entry.detail if _HEX40.fullmatch(entry.detail or "") else new_commit
+            line = (f"# Applied-Upstream: {entry.name} in {where} (\"{entry.subject}\"); "
+                    f"dropped by scripts/rebase.sh onto {new_commit}")
+        lines.append(line)
+    series.write_text("\n".join(lines) + "\n")
+
+
+def _move_pin(pin: Pin, git_dir: pathlib.Path, new_commit: str, notes: list[str]) -> PinValues:
+    date = out("log", "-1", "--format=%cI", new_commit, git_dir=git_dir)
+    version, why = versions.new_version(pin, git_dir, new_commit, date)
+    new = PinValues(new_commit, out("rev-parse", f"{new_commit}^{{tree}}", git_dir=git_dir), date, version)
+    set_pin_values(pin.pin_file, {"commit": new.commit, "tree": new.tree, "date": new.date, "version": new.version})
+    notes.append(f"version {version}: {why}")
+    return new
+
+
+def _last_known_good(git_dir: pathlib.Path, state: RebaseState, file: str, target: Pin) -> str:
+    """The commit of `target` that the upstream's CI verified at the new
+    commit (`file`): moved to with --apply-vllm-lkg, else only reported."""
+    new_commit, name, other = state.new_commit, state.name, target.distribution
+    proc = git("show", f"{new_commit}:{file}", git_dir=git_dir, check=False)
+    lkg = proc.stdout.strip() if proc.returncode == 0 else ""
+    if not _HEX40.fullmatch(lkg):
+        return f"{other}: no commit in {file} at {new_commit[:12]}; {target.pin_file} left as it is"
+    if lkg == target.commit:
+        return f"{other}: {name}'s CI verified {lkg[:12]} ({file}), the {other} pin already"
+    if state.apply_vllm_lkg:
+        set_pin_values(target.pin_file, {"commit": lkg})
+        return (f"{other}: pin moved {target.commit[:12]} -> {lkg[:12]} ({file} at {new_commit[:12]}); its version and "
+                f"comments in {target.pin_file} still describe the old commit: update them (git describe in a {other} clone)")
+    return (f"{other}: {name}'s CI verified {other} {lkg} ({file} at {new_commit[:12]}); the {other} pin is "
+            f"{target.commit[:12]}. Pass --apply-vllm-lkg to move it.")

@@ -1,0 +1,201 @@
+"""The rebase as a resumable run: start (checks, backup, work clone), the
+series patch by patch (a conflict saves the state and stops), --continue
+from the stopped patch, then writing, the optional build and the fast tests;
+--abort puts every touched file back from the backup."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shlex
+import shutil
+import time
+
+from .. import patchfile, sources
+from ..errors import OverlayError
+from ..git import git
+from ..pins import DISTRIBUTIONS, load_project
+from ..progress import step
+from . import apply, export, state, upstream
+from .fasttests import run_fast_tests
+from .options import RebaseOptions
+from .report import Report
+from .state import Outcome, PatchEntry, Paths, PinValues, RebaseState
+
+
+def start(opts: RebaseOptions) -> Report:
+    began = time.monotonic()
+    root = opts.project_root.resolve()
+    if opts.name not in DISTRIBUTIONS:
+        raise OverlayError(f"unknown distribution {opts.name!r}; choose from {', '.join(DISTRIBUTIONS)}.")
+    paths = Paths(root, opts.name)
+    if paths.state_file.exists():
+        other = state.load(root)
+        raise OverlayError(
+            f"a rebase of {other.name} is in progress ({paths.state}): finish it with scripts/rebase.sh --continue "
+            "or undo it with scripts/rebase.sh --abort."
+        )
+    _refuse_dirty(root)
+    pin = load_project(root).pins[opts.name]
+    patches = [patchfile.parse(p) for p in pin.series]
+    cache = opts.cache or sources.cache_root()
+    git_dir, new_commit = upstream.resolve(pin, opts.new_ref, opts.source, cache)
+    notes = []
+    if not upstream.has_commit(git_dir, pin.commit):
+        notes.append(f"the upstream repository lacks the old pin {pin.commit[:12]}: no 3-way merge base for changed context, no Applied-Upstream search")
+    touched = list(pin.rebase.touched(opts.name))
+    # The backup comes before any change to the project.
+    if paths.state.exists():
+        shutil.rmtree(paths.state)
+    paths.state.mkdir(parents=True)
+    try:
+        state.backup(root, paths.state, touched)
+        with step(opts.name, f"checking out {opts.new_ref} ({new_commit[:12]}) in {paths.work}"):
+            notes += upstream.work_clone(pin, git_dir, new_commit, paths.work, pin.commit)
+    except BaseException:
+        shutil.rmtree(paths.state, ignore_errors=True)  # nothing was changed yet
+        raise
+    run = RebaseState(
+        name=opts.name, new_ref=opts.new_ref, new_commit=new_commit, git_dir=str(git_dir), source=opts.source,
+        build=opts.build, build_sources=dict(opts.build_sources), standins=opts.standins, apply_vllm_lkg=opts.apply_vllm_lkg,
+        run_tests=opts.run_tests, cache=str(cache), touched=touched,
+        old=PinValues(pin.commit, pin.tree, pin.date, pin.version),
+        patches=[PatchEntry(p.name, p.subject) for p in patches], notes=notes,
+    )
+    for note in notes:
+        step.note(opts.name, note)
+    return _run(root, run, began)
+
+
+def resume(root: pathlib.Path) -> Report:
+    """--continue: take the person's resolution of the stopped patch, go on."""
+    began = time.monotonic()
+    root = root.resolve()
+    run = state.load(root)
+    paths = Paths(root, run.name)
+    if run.phase == "applying":
+        entry = run.conflicted()
+        apply.take_resolution(paths.work, entry, run.new_commit, _backed_up_patch(paths, entry))
+    return _run(root, run, began)
+
+
+def abort(root: pathlib.Path) -> str:
+    root = root.resolve()
+    run = state.load(root)
+    paths = Paths(root, run.name)
+    state.restore(root, paths.state, run.touched)
+    for folder in (paths.work, paths.find):
+        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(paths.state)
+    shown = [f"{t}/" if (root / t).is_dir() else t for t in run.touched]
+    return (
+        f"rebase of {run.name} onto {run.new_ref} aborted: {', '.join(shown[:-1])} and {shown[-1]} "
+        "restored from the backup; work clone removed."
+    )
+
+
+def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
+    paths = Paths(root, run.name)
+    if run.phase == "applying":
+        for entry in run.patches:
+            if entry.outcome != Outcome.PENDING:
+                continue
+            patch = _backed_up_patch(paths, entry)
+            with step(run.name, f"applying {entry.name}"):
+                apply.apply_one(paths.work, patch, entry, run.old.commit, run.new_commit)
+            if entry.outcome == Outcome.CONFLICT:
+                run.seconds += time.monotonic() - began
+                state.save(root, run)
+                return _stopped_report(root, run, patch)
+        run.phase = "write"
+        state.save(root, run)
+    if run.phase == "write":
+        export.write(root, run, paths.work)
+        run.phase = "written"
+        state.save(root, run)
+    if run.build:
+        _build(root, run)
+    shutil.rmtree(paths.state)
+    report = _report(run)
+    if run.run_tests:
+        tests = run_fast_tests(root, rebuilt=run.build)
+        report.tests_ok, report.tests = tests.ok, tests.summary
+        report.notes += [f"fast tests: {t} left out: constraints.txt is stale until rebuilt" for t in tests.deselected]
+    report.seconds = run.seconds + time.monotonic() - began
+    report.message = _next_step(root, run)
+    return report
+
+
+def _build(root: pathlib.Path, run: RebaseState) -> None:
+    from ..build import BuildOptions, build
+
+    given = dict(run.build_sources)
+    if run.source:
+        given[run.name] = run.source
+    with step(run.name, "building the wheels and constraints.txt from the new pins"):
+        try:
+            build(BuildOptions(project_root=root, sources=given, cache=pathlib.Path(run.cache),
+                               torch_standin=run.standins, allow_unpinned=run.standins))
+        except OverlayError as exc:
+            raise OverlayError(
+                f"{exc}\nThe rebased series and pin are written; the build failed, so constraints.txt is unchanged. "
+                "Fix the cause and run scripts/rebase.sh --continue (builds again), or scripts/rebase.sh --abort."
+            ) from None
+
+
+def _next_step(root: pathlib.Path, run: RebaseState) -> str:
+    undo = "undo with `git checkout -- patches constraints.txt` (the checkout was clean when the rebase began)."
+    if run.build:
+        return f"Review with `git diff -- patches constraints.txt` in {root} and commit; {undo}"
+    given = {**run.build_sources, **({run.name: run.source} if run.source else {})}
+    command = shlex.join(["scripts/build-wheels.sh", *(a for n, p in sorted(given.items()) for a in ("--source", f"{n}={p}"))])
+    return (
+        "Next: constraints.txt still pins the wheels of the old pin (no --build). Rebuild it from the new pins:\n"
+        f"  {command}\n"
+        "(or undo and run the rebase again with --build), then review with "
+        f"`git diff -- patches constraints.txt` in {root} and commit the series, the pins and constraints.txt together; "
+        + undo
+    )
+
+
+def _backed_up_patch(paths: Paths, entry: PatchEntry) -> pathlib.Path:
+    """The patch as it was before the rebase: the series folder is rewritten."""
+    return paths.backup / "patches" / paths.name / entry.name
+
+
+def _stopped_report(root: pathlib.Path, run: RebaseState, patch: pathlib.Path) -> Report:
+    report = _report(run)
+    report.stopped = True
+    entry = run.conflicted()
+    report.message = (
+        f"STOPPED at {entry.name} ({entry.subject}): it conflicts with {run.new_ref} "
+        f"({run.new_commit[:12]}) in {entry.detail or 'the files it touches'}.\n"
+        f"  1. cd {Paths(root, run.name).work}   (git status shows the conflicted files; the patch is {patch})\n"
+        "  2. edit the files to resolve the <<<<<<< ======= >>>>>>> markers, then `git add` each one\n"
+        "     (to drop the patch because upstream now does the same: restore upstream's version and git add it)\n"
+        "  3. scripts/rebase.sh --continue      or, to put everything back:  scripts/rebase.sh --abort\n"
+        f"  To find the newest upstream commit the series still applies to: scripts/rebase.sh {run.name} "
+        f"{run.new_ref} --find-base" + (f" --source {run.source}" if run.source else "")
+    )
+    return report
+
+
+def _report(run: RebaseState) -> Report:
+    new = run.new or PinValues(run.new_commit)
+    patches = [dataclasses.replace(p) for p in run.patches]
+    return Report(run.name, run.old, new, patches, notes=list(run.notes), seconds=run.seconds)
+
+
+def _refuse_dirty(root: pathlib.Path) -> None:
+    proc = git("status", "--porcelain", "--untracked-files=all", "--", "patches", "constraints.txt", cwd=root, check=False)
+    if proc.returncode != 0:
+        raise OverlayError(
+            f"{root} is not a git checkout ({proc.stderr.strip()}): the rebase needs one, so that its result "
+            "can be reviewed with git diff and the checkout's state checked first."
+        )
+    if proc.stdout.strip():
+        raise OverlayError(
+            f"the checkout {root} has uncommitted changes in patches/ or constraints.txt:\n  "
+            + "\n  ".join(proc.stdout.rstrip().splitlines())
+            + "\nCommit or stash them first: a rebase rewrites these files."
+        )

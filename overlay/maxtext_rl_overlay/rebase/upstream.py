@@ -1,0 +1,99 @@
+"""The upstream side of a rebase: a git directory holding the old pin and
+the new ref (a --source repository, or one fetched into the cache), and the
+work clone the series is applied in."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+from ..errors import OverlayError
+from ..git import git, inside_package, missing_blobs, out
+from ..pins import Pin
+from ..progress import step
+
+
+def resolve(pin: Pin, new_ref: str, source: str | None, cache: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """A git directory holding the old pin and NEW_REF, and NEW_REF's commit."""
+    if source:
+        path = pathlib.Path(source).expanduser()
+        proc = git("rev-parse", "--absolute-git-dir", cwd=path, check=False) if path.is_dir() else None
+        if proc is None or proc.returncode != 0:
+            raise OverlayError(f"{pin.distribution}: --source {source} is not a git repository or mirror; a rebase needs the upstream's history.")
+        git_dir = pathlib.Path(proc.stdout.strip())
+        origin = source
+    else:
+        git_dir = _fetch(pin, new_ref, cache)
+        new_ref = "refs/mrl/new"
+        origin = pin.repository
+    proc = git("rev-parse", "--verify", "--quiet", f"{new_ref}^{{commit}}", git_dir=git_dir, check=False)
+    if proc.returncode != 0:
+        raise OverlayError(f"{pin.distribution}: {origin} has no commit, tag or branch {new_ref!r}; fetch it there or name another.")
+    return git_dir, proc.stdout.strip()
+
+
+def _fetch(pin: Pin, new_ref: str, cache: pathlib.Path) -> pathlib.Path:
+    """NEW_REF (as refs/mrl/new), the tags and the pin, fetched from the pin's repository."""
+    git_dir = cache / "git" / f"{pin.distribution}-rebase.git"
+    if not git_dir.exists():
+        git_dir.parent.mkdir(parents=True, exist_ok=True)
+        git("init", "-q", "--bare", str(git_dir))
+    with step(pin.distribution, f"fetching {new_ref} and the pin {pin.commit[:12]} from {pin.repository}"):
+        proc = git("fetch", "-q", "--no-tags", pin.repository, new_ref, "+refs/tags/*:refs/tags/*", git_dir=git_dir, check=False)
+        if proc.returncode != 0:
+            raise OverlayError(
+                f"{pin.distribution}: cannot fetch {new_ref} from {pin.repository} ({pin.pin_file}): "
+                f"{proc.stderr.strip().splitlines()[-1:] or ['git fetch failed']}. Pass --source PATH with a local clone or mirror."
+            )
+        git("update-ref", "refs/mrl/new", "FETCH_HEAD", git_dir=git_dir)
+        if not has_commit(git_dir, pin.commit):
+            git("fetch", "-q", "--no-tags", pin.repository, pin.commit, git_dir=git_dir, check=False)
+    return git_dir
+
+
+def has_commit(git_dir: pathlib.Path, commit: str) -> bool:
+    return git("cat-file", "-e", f"{commit}^{{commit}}", git_dir=git_dir, check=False).returncode == 0
+
+
+def work_clone(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path, old: str) -> list[str]:
+    """A fresh work clone at `commit` that borrows the upstream's objects
+    (git alternates: nothing is copied). Returns the notes."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    git("init", "-q", cwd=work)
+    objects = (git_dir / "objects").resolve()
+    (work / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    git("update-ref", "refs/mrl/upstream", commit, cwd=work)
+    if has_commit(git_dir, old):
+        # Marks that the old pin is at hand: where-upstream searches from it.
+        git("update-ref", "refs/mrl/old-pin", old, cwd=work)
+    return checkout(pin, git_dir, commit, work)
+
+
+def checkout(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path) -> list[str]:
+    """Check `commit` out in `work`, detached. When the repository lacks
+    blobs of it (outside the package), the work clone stands on a stand-in
+    commit instead: the upstream tree without those files, whose parent is
+    the upstream commit. Patches touching them conflict."""
+    missing = missing_blobs(git_dir, commit)
+    inside = inside_package(missing, pin.import_package)
+    if inside:
+        raise OverlayError(
+            f"{pin.distribution}: the upstream repository lacks files of the package itself at {commit[:12]}: "
+            f"{', '.join(inside)}. Use a complete clone as --source."
+        )
+    if not missing:
+        git("checkout", "-q", "-f", "--detach", commit, cwd=work)
+        return []
+    git("read-tree", commit, cwd=work)
+    git("update-index", "--force-remove", "--", *missing, cwd=work)
+    tree = out("write-tree", cwd=work)
+    message = f"upstream {commit} without {len(missing)} file(s) the repository lacks\n\n" + "\n".join(missing) + "\n"
+    stand_in = out("commit-tree", tree, "-p", commit, "-m", message, cwd=work)
+    git("checkout", "-q", "-f", "--detach", stand_in, cwd=work)
+    return [
+        f"the upstream repository lacks {len(missing)} file(s) outside the package at {commit[:12]}; the work clone "
+        f"stands on {stand_in[:12]}, the upstream tree without them (tree and pin are read from {commit[:12]} itself): "
+        + ", ".join(missing)
+    ]
