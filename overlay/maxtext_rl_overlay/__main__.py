@@ -162,7 +162,7 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
             return ExitCode.OK
         report = rebase.start(opts)
     print(rebase.render(report))
-    return ExitCode.CHECK_FAILED if report.stopped or not report.tests_ok else ExitCode.OK
+    return ExitCode.CHECK_FAILED if report.needs_action else ExitCode.OK
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -10,6 +10,7 @@ import pathlib
 import re
 import tomllib
 
+from . import tomledit
 from .errors import OverlayError
 
 #: Build order, and the names --only and --source accept.
@@ -231,7 +232,5 @@ def set_pin_values(path: pathlib.Path, values: dict[str, str]) -> None:
     comments, the order and every other line stay as they are."""
     text = path.read_text()
     for key, value in values.items():
-        text, n = re.subn(rf'(?m)^({re.escape(key)}\s*=\s*)"[^"\n]*"', lambda m: f'{m.group(1)}"{value}"', text, count=1)
-        if n != 1:
-            raise OverlayError(f"{path}: no line `{key} = \"...\"` to update; restore the key, then run the rebase again.")
+        text = tomledit.set_value(text, (), key, value, where=str(path))
     path.write_text(text)

@@ -22,9 +22,9 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
-from .digest import sha256_file
 from .progress import step
 
 #: In the index of a stand-in-torch build: what the MaxText form of the install needs.

@@ -163,7 +163,7 @@ def test_conflict_stops_then_continue(upstream, tmp_path):
     assert git(project, "status", "--porcelain", "--", "patches", "constraints.txt") == "", "nothing written yet"
     # Resolving is the person's job; --continue refuses while files are unmerged.
     early = rebase(project, "--continue")
-    assert early.returncode == 2 and "still unmerged" in early.stderr and SAMPLING in early.stderr
+    assert early.returncode == 3 and "still unmerged" in early.stderr and SAMPLING in early.stderr
     block = _added_lines((ROOT / TPU / PATCH).read_text())
     upstream_text = git(repo, "show", f"{new}:{SAMPLING}") + "\n"
     (work / SAMPLING).write_text(upstream_text.replace(NEW_COMMENT, block + NEW_COMMENT))
@@ -174,7 +174,7 @@ def test_conflict_stops_then_continue(upstream, tmp_path):
     assert NEW_COMMENT.strip() in exported and _head(exported) == _head((ROOT / TPU / PATCH).read_text())
     assert _pin(project)["commit"] == new
     assert not (project / "build" / "rebase" / "state").exists()
-    assert rebase(project, "--continue").returncode == 2  # nothing in progress any more
+    assert rebase(project, "--continue").returncode == 3  # nothing in progress any more
 
 
 def test_abort_restores_every_file_byte_for_byte(upstream, tmp_path):
@@ -186,7 +186,7 @@ def test_abort_restores_every_file_byte_for_byte(upstream, tmp_path):
     before = snapshot(project)
     assert rebase(project, "tpu-inference", "conflict", "--source", str(repo), "--no-tests").returncode == 1
     again = rebase(project, "tpu-inference", "conflict", "--source", str(repo))
-    assert again.returncode == 2 and "in progress" in again.stderr
+    assert again.returncode == 3 and "in progress" in again.stderr
     proc = rebase(project, "--abort")
     assert proc.returncode == 0, proc.stderr
     assert snapshot(project) == before
@@ -194,7 +194,7 @@ def test_abort_restores_every_file_byte_for_byte(upstream, tmp_path):
 
     proc = rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo), "--apply-vllm-lkg",
                   "--build", "--source", f"google-tunix={tmp_path / 'no-such-source'}")
-    assert proc.returncode == 2 and "build failed" in proc.stderr and "--abort" in proc.stderr, proc.stdout + proc.stderr
+    assert proc.returncode == 3 and "build failed" in proc.stderr and "--abort" in proc.stderr, proc.stdout + proc.stderr
     assert snapshot(project) != before, "the series and pins were written before the build"
     assert rebase(project, "--abort").returncode == 0
     assert snapshot(project) == before
@@ -242,11 +242,11 @@ def test_dirty_checkout_is_refused_before_anything_starts(upstreams, tmp_path):
     with (project / TPU / "series").open("a") as f:
         f.write("# a local edit\n")
     proc = rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo))
-    assert proc.returncode == 2 and "uncommitted changes" in proc.stderr and "patches/tpu-inference/series" in proc.stderr
+    assert proc.returncode == 3 and "uncommitted changes" in proc.stderr and "patches/tpu-inference/series" in proc.stderr
     assert not (project / "build").exists()
     git(project, "checkout", "--", "patches")
     (project / TPU / "0009-stray.patch").write_text("untracked\n")
-    assert rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo)).returncode == 2
+    assert rebase(project, "tpu-inference", "v0.32.0", "--source", str(repo)).returncode == 3
 
 
 def test_mirror_lacking_blobs_outside_the_package(upstream, tmp_path):

@@ -21,7 +21,7 @@ class Report:
     seconds: float = 0.0
 
     @property
-    def exit_code(self) -> int:
-        """1 when the person has to act before the result is usable (a
-        conflict, a failing fast test), else 0."""
-        return 1 if self.stopped or not self.tests_ok else 0
+    def needs_action(self) -> bool:
+        """The person has to act before the result is usable: a conflict, or
+        a failing fast test (the command then exits CHECK_FAILED)."""
+        return self.stopped or not self.tests_ok
