@@ -9,6 +9,7 @@ import difflib
 import pathlib
 import re
 import tomllib
+from typing import Any
 
 from . import tomledit
 from .errors import OverlayError
@@ -77,8 +78,8 @@ class Project:
     root: pathlib.Path
     revision: int
     pins: dict[str, Pin]
-    metadata: dict  # pyproject.toml's [project] table
-    config: dict  # pyproject.toml's [tool.maxtext-rl-overlay] table
+    metadata: dict[str, Any]  # pyproject.toml's [project] table
+    config: dict[str, Any]  # pyproject.toml's [tool.maxtext-rl-overlay] table
 
     @property
     def local_label(self) -> str:

@@ -12,30 +12,32 @@ from ..git import git, out
 from .state import Outcome, PatchEntry
 
 
-def apply_one(work: pathlib.Path, patch: pathlib.Path, entry: PatchEntry, old: str, new: str) -> None:
-    """git am -3 `patch` in `work`; the outcome and its detail go to `entry`."""
+def apply_one(work: pathlib.Path, patch: pathlib.Path, entry: PatchEntry, old: str, new: str) -> Outcome:
+    """git am -3 `patch` in `work`; the outcome and its detail go to `entry`,
+    and the outcome is returned."""
     head = out("rev-parse", "HEAD", cwd=work)
     entry.commit = head
     if git("apply", "--check", "-R", str(patch), cwd=work, check=False).returncode == 0:
         _dropped(entry, where_upstream(work, patch, old, new))
-        return
+        return entry.outcome
     clean = git("apply", "--check", str(patch), cwd=work, check=False).returncode == 0
     proc = git("am", "-3", "--keep-cr", str(patch), cwd=work, check=False)
     if proc.returncode == 0:
         after = out("rev-parse", "HEAD", cwd=work)
         if after == head:  # "No changes -- Patch already applied.": the 3-way merge changed nothing
             _dropped(entry, where_upstream(work, patch, old, new))
-            return
+            return entry.outcome
         entry.outcome, entry.commit = (Outcome.APPLIED_CLEANLY if clean else Outcome.APPLIED_3WAY), after
-        return
+        return entry.outcome
     unmerged = _unmerged(work)
     if not unmerged and not _staged(work) and _in_am(work) and "already applied" in proc.stdout + proc.stderr:
         git("am", "--skip", cwd=work)  # the 3-way merge left nothing to change
         _dropped(entry, where_upstream(work, patch, old, new))
-        return
+        return entry.outcome
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     entry.outcome = Outcome.CONFLICT
     entry.detail = "; ".join(unmerged) if unmerged else " / ".join(lines[-4:])
+    return entry.outcome
 
 
 def take_resolution(work: pathlib.Path, entry: PatchEntry, new_commit: str, patch: pathlib.Path) -> None:
@@ -76,8 +78,8 @@ def where_upstream(work: pathlib.Path, patch: pathlib.Path, old: str, new: str) 
     if git("rev-parse", "--verify", "--quiet", "refs/mrl/old-pin", cwd=work, check=False).returncode == 0:
         log = git("log", "--no-merges", "-p", "--full-index", f"{old}..{new}", "--", *files, cwd=work, check=False, text=False)
         if log.returncode == 0 and log.stdout:
-            ids = git("patch-id", "--stable", cwd=work, input=log.stdout, text=False).stdout.decode().split()
-            for pid, commit in zip(ids[::2], ids[1::2]):
+            ids: list[str] = git("patch-id", "--stable", cwd=work, input=log.stdout, text=False).stdout.decode().split()
+            for pid, commit in zip(ids[::2], ids[1::2], strict=True):
                 if pid == want:
                     return commit
     return new

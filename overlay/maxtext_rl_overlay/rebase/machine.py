@@ -102,8 +102,8 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
                 continue
             patch = _backed_up_patch(paths, entry)
             with step(run.name, f"applying {entry.name}"):
-                apply.apply_one(paths.work, patch, entry, run.old.commit, run.new_commit)
-            if entry.outcome == Outcome.CONFLICT:
+                outcome = apply.apply_one(paths.work, patch, entry, run.old.commit, run.new_commit)
+            if outcome == Outcome.CONFLICT:
                 run.seconds += time.monotonic() - began
                 state.save(root, run)
                 return _stopped_report(root, run, patch)
