@@ -133,7 +133,8 @@ def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env:
     is reused (see the module's docstring)."""
     key, inputs = closure_key(index_dir, requirement, python, env)
     entry = (cache or sources.cache_root()) / "closures" / f"{key}.json"
-    cached = None if os.environ.get("MRL_REFRESH") else _cached_closure(entry, key)
+    refresh = os.environ.get("MRL_REFRESH", "").strip() not in ("", "0")
+    cached = None if refresh else _cached_closure(entry, key)
     if cached is not None:
         closure, age = cached
         step.note("constraints", f"closure unchanged: reusing the resolution of {key[:12]} (resolved {_age(age)} ago; "

@@ -148,6 +148,9 @@ def test_refresh_and_age_resolve_afresh(resolver, monkeypatch, capsys):
     monkeypatch.setenv("MRL_REFRESH", "1")
     _resolve(index, cache)
     assert runs() == 2
+    monkeypatch.setenv("MRL_REFRESH", "0")  # off, as an empty value
+    _resolve(index, cache)
+    assert runs() == 2
     monkeypatch.delenv("MRL_REFRESH")
     monkeypatch.setenv("MRL_CLOSURE_MAX_AGE", "0")
     _resolve(index, cache)
