@@ -82,7 +82,7 @@ def build(opts: BuildOptions) -> BuildResult:
         publish.write_simple(staging, sums)
         find_links = _relative(out, constraints_path.parent)
         requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
-        closure = publish.resolve_closure(staging, requirement, opts.python, env)
+        closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache)
         standins = [n for n, e in entries.items() if not e.from_pin]
         notes = [
             "Built from the pins in patches/*/pin.toml." if not standins

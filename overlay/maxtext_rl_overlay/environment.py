@@ -86,16 +86,18 @@ def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> En
     try:
         (requirement_text,) = project.metadata["optional-dependencies"][extra]
     except (KeyError, ValueError):
-        raise OverlayError(f"{project.root / 'pyproject.toml'}: the [project.optional-dependencies] extra {extra!r} must hold exactly one requirement, the MaxText release.") from None
+        raise OverlayError(f"{project.root / 'pyproject.toml'}: the [project.optional-dependencies] extra {extra!r} must hold "
+                           "exactly one requirement, the MaxText release.") from None
     requirement = Requirement(requirement_text)
     pinned = [s.version for s in requirement.specifier if s.operator == "=="]
     if len(pinned) != 1 or len(requirement.extras) != 1:
         raise OverlayError(f"the {extra!r} extra must name one MaxText release and one of its extras exactly (name[extra]==version), not {requirement_text!r}.")
     (mt_extra,) = requirement.extras
-    wheel = registry.download(requirement.name, registry.wheel_name(requirement.name, pinned[0]), cache / "releases")
+    wheel = registry.release_wheel(requirement.name, pinned[0], cache / "releases")
     overrides_file = project.config.get("maxtext", {}).get("overrides-file")
     if not overrides_file:
-        raise OverlayError(f"{project.root / 'pyproject.toml'}: [tool.maxtext-rl-overlay.maxtext] lacks overrides-file (the path of MaxText's overrides file inside its wheel).")
+        raise OverlayError(f"{project.root / 'pyproject.toml'}: [tool.maxtext-rl-overlay.maxtext] lacks overrides-file "
+                           "(the path of MaxText's overrides file inside its wheel).")
     with zipfile.ZipFile(wheel) as zf:
         try:
             text = zf.read(overrides_file).decode()

@@ -207,6 +207,9 @@ def read_rebase_policy(table: object, name: str, where: str) -> RebasePolicy:
 
 def load_project(root: pathlib.Path) -> Project:
     """Read pyproject.toml's overlay revision and every pin below patches/."""
+    # Absolute: the stages run programs in other folders (git am in a copy
+    # of the tree) and hand them the patch files' paths.
+    root = root.resolve()
     pyproject = root / "pyproject.toml"
     try:
         doc = tomllib.loads(pyproject.read_text())

@@ -6,29 +6,65 @@ them is relative, so the folder served as it is by any static HTTP server is
 a complete release. constraints.txt points uv at it, pins every overlay wheel
 with `==` and `--hash`, and pins the closure the stack needs on a TPU VM,
 resolved for the target platform, so that `uv pip install -c constraints.txt
-maxtext-rl-overlay` can only take our builds of the patched distributions."""
+maxtext-rl-overlay` can only take our builds of the patched distributions.
+
+Resolving the closure is the slowest step of a rebuild whose inputs did not
+change, so its answer is cached (<cache>/closures/<key>.json), keyed by
+everything the resolver is given: the requirement, the name and sha256 of
+every file in the index folder, the MaxText constraints, torch's requirements
+and find-links, the overrides, the target Python and platform, the resolver
+interpreter, the uv version, the resolver's flags, and uv's own settings
+(UV_* variables, uv.toml files, [tool.uv] tables). What the key cannot cover
+is the registry: an unpinned dependency may get a new release on PyPI, so a
+cached answer is what the same inputs resolved to when it was made. It is
+reused for at most MRL_CLOSURE_MAX_AGE seconds (a day by default: the first
+build of a day resolves afresh), MRL_REFRESH=1 resolves afresh whatever its
+age, deleting the folder clears it, and the build output says when a cached
+resolution was used. The torch pin check runs on every answer, cached or not."""
 
 from __future__ import annotations
 
 import email.parser
+import hashlib
 import html
+import json
 import os
 import pathlib
 import shutil
-import subprocess
+import sys
 import tempfile
+import time
+import tomllib
 import urllib.parse
 import zipfile
+from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from . import proc, sources
 from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .progress import step
+from .staging import write_atomically
 
 #: In the index of a stand-in-torch build: what the MaxText form of the install needs.
 STANDIN_OVERRIDES = "torch-standin-overrides.txt"
+
+#: The resolver's flags (besides the inputs' files), part of the cache key.
+COMPILE_FLAGS = ("--quiet", "--no-header", "--no-annotate", "--generate-hashes")
+#: Bump when the cache entry's layout or the key's meaning changes.
+CLOSURE_CACHE_FORMAT = 1
+#: How long a cached resolution is reused, in seconds (MRL_CLOSURE_MAX_AGE).
+CLOSURE_MAX_AGE = 24 * 3600
+#: uv variables that change how it works, not what it resolves to; every
+#: other UV_* variable is part of the key (an unknown one costs a miss, never
+#: a wrong answer).
+_UV_NEUTRAL = frozenset({
+    "UV_CACHE_DIR", "UV_NO_CACHE", "UV_NO_PROGRESS", "UV_CONCURRENT_DOWNLOADS", "UV_CONCURRENT_BUILDS",
+    "UV_CONCURRENT_INSTALLS", "UV_HTTP_TIMEOUT", "UV_REQUEST_TIMEOUT", "UV_HTTP_RETRIES", "UV_LINK_MODE",
+    "UV_PYTHON_DOWNLOADS", "UV_COLOR", "UV_NO_WRAP", "UV_LOG_CONTEXT",
+})
 
 
 def write_index(index_dir: pathlib.Path) -> dict[str, str]:
@@ -91,15 +127,38 @@ def base_url(url: str) -> str:
     return url.rstrip("/") + "/"
 
 
-def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env: Environment) -> str:
+def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, *, cache: pathlib.Path | None = None) -> str:
     """`uv pip compile` of the overlay for the target, together with the
     MaxText environment (its overrides file as constraints) and the
-    closure's torch: the pinned closure."""
+    closure's torch: the pinned closure. A cached answer for the same inputs
+    is reused (see the module's docstring)."""
+    key, inputs = closure_key(index_dir, requirement, python, env)
+    entry = (cache or sources.cache_root()) / "closures" / f"{key}.json"
+    refresh = os.environ.get("MRL_REFRESH", "").strip() not in ("", "0")
+    cached = None if refresh else _cached_closure(entry, key)
+    if cached is not None:
+        closure, age = cached
+        step.note("constraints", f"closure unchanged: reusing the resolution of {key[:12]} (resolved {_age(age)} ago; "
+                                 "MRL_REFRESH=1 resolves afresh)")
+    else:
+        closure = _compile(index_dir, requirement, python, env)
+    pinned: dict[str, str] = {canonicalize_name(line.split("==", 1)[0]): line.split("==", 1)[1].split()[0]
+                              for line in closure.splitlines() if "==" in line and line[:1] not in " \t#"}
+    for name, want in (("torch", env.torch.version), ("torchvision", env.torch.torchvision)):
+        if pinned.get(name) != want:
+            raise OverlayError(f"the closure pins {name} {pinned.get(name, 'not at all')}, not {want}, the torch vLLM is built "
+                               "against; check the pins' requirement overrides.")
+    if cached is None:
+        _store_closure(entry, key, inputs, closure)
+    return closure
+
+
+def _compile(index_dir: pathlib.Path, requirement: str, python: str, env: Environment) -> str:
     with tempfile.TemporaryDirectory(prefix="mrl-resolve-") as tmp:
         constraints = pathlib.Path(tmp) / "constraints.txt"
         constraints.write_text("".join(f"{line}\n" for line in (*env.constraints, *env.torch.requirements)))
         cmd = [
-            "uv", "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", "--generate-hashes",
+            "uv", "pip", "compile", "-", *COMPILE_FLAGS,
             "--find-links", str(index_dir), "--python-version", TARGET_PYTHON,
             "--python-platform", TARGET_PLATFORM, "--python", python, "-c", str(constraints),
         ]
@@ -110,14 +169,117 @@ def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env:
             overrides.write_text("".join(f"{line}\n" for line in env.overrides))
             cmd += ["--override", str(overrides)]
         with step("constraints", f"resolving the closure of {requirement} for Python {TARGET_PYTHON} on {TARGET_PLATFORM}"):
-            proc = subprocess.run(cmd, input=requirement + "\n", capture_output=True, text=True, env=dict(os.environ, UV_PYTHON_DOWNLOADS="never"))
-    if proc.returncode != 0:
-        raise OverlayError("resolving the stack's closure failed (uv pip compile):\n    " + "\n    ".join(proc.stderr.strip().splitlines()[-20:]))
-    pinned = {canonicalize_name(line.split("==", 1)[0]): line.split("==", 1)[1].split()[0] for line in proc.stdout.splitlines() if "==" in line and line[:1] not in " \t#"}
-    for name, want in (("torch", env.torch.version), ("torchvision", env.torch.torchvision)):
-        if pinned.get(name) != want:
-            raise OverlayError(f"the closure pins {name} {pinned.get(name, 'not at all')}, not {want}, the torch vLLM is built against; check the pins' requirement overrides.")
-    return proc.stdout
+            done = proc.run(cmd, what="resolving the stack's closure", who="constraints", input=requirement + "\n",
+                            env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, tail=20)
+    return str(done.stdout)
+
+
+def closure_key(index_dir: pathlib.Path, requirement: str, python: str, env: Environment) -> tuple[str, dict[str, Any]]:
+    """(key, inputs): the sha256 of everything the resolution of
+    `requirement` against `index_dir` is given, and those inputs as stored
+    beside the answer (uv variables only as digests: they may hold secrets)."""
+    inputs = {
+        "format": CLOSURE_CACHE_FORMAT,
+        "requirement": requirement,
+        # By content, not path: the index is resolved in a fresh staging folder each build.
+        "index": {f.name: sha256_file(f) for f in sorted(index_dir.iterdir()) if f.is_file()},
+        "constraints": [*env.constraints, *env.torch.requirements],
+        "find_links": list(env.torch.find_links),
+        "overrides": list(env.overrides),
+        "python_version": TARGET_PYTHON,
+        "python_platform": TARGET_PLATFORM,
+        "interpreter": _interpreter(python),
+        "uv": proc.run(["uv", "--version"], what="reading uv's version", who="constraints").stdout.strip(),
+        "flags": list(COMPILE_FLAGS),
+        "uv_environment": {k: _sha(v) for k, v in sorted(os.environ.items()) if k.startswith("UV_") and k not in _UV_NEUTRAL},
+        "uv_config": _uv_config(),
+    }
+    return _sha(json.dumps(inputs, sort_keys=True)), inputs
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _interpreter(python: str) -> str:
+    """The resolver's interpreter (it builds the metadata of sdists): its
+    path and version."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        return f"{os.path.realpath(python)} {sys.version}"
+    done = proc.run([python, "-c", "import sys; print(sys.version)"], what="reading the interpreter's version", who="constraints")
+    return f"{os.path.realpath(python)} {done.stdout.strip()}"
+
+
+def _uv_config() -> dict[str, str]:
+    """sha256 of the uv settings files uv may read here: the user's and the
+    system's uv.toml, UV_CONFIG_FILE, and uv.toml or [tool.uv] of
+    pyproject.toml in this folder or any above it."""
+    home = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    candidates = [pathlib.Path(home) / "uv" / "uv.toml", pathlib.Path("/etc/uv/uv.toml")]
+    candidates += [pathlib.Path(d) / "uv" / "uv.toml" for d in os.environ.get("XDG_CONFIG_DIRS", "").split(":") if d]
+    if os.environ.get("UV_CONFIG_FILE"):
+        candidates.append(pathlib.Path(os.environ["UV_CONFIG_FILE"]))
+    folder = pathlib.Path.cwd()
+    for d in (folder, *folder.parents):
+        candidates += [d / "uv.toml", d / "pyproject.toml"]
+    found = {}
+    for path in candidates:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        if path.name == "pyproject.toml":
+            try:
+                table = tomllib.loads(data.decode()).get("tool", {}).get("uv")
+            except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+                table = data.decode(errors="replace")
+            if table is None:
+                continue
+            data = json.dumps(table, sort_keys=True, default=str).encode()
+        found[str(path)] = hashlib.sha256(data).hexdigest()
+    return found
+
+
+def _cached_closure(entry: pathlib.Path, key: str) -> tuple[str, float] | None:
+    """(closure, age in seconds) of a whole, young enough entry; None for
+    none, a damaged one (ignored: it is rewritten) or an old one."""
+    try:
+        data = json.loads(entry.read_text())
+        closure, created = data["closure"], float(data["created"])
+        whole = data["format"] == CLOSURE_CACHE_FORMAT and data["key"] == key and isinstance(closure, str) and _sha(closure) == data["sha256"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        whole = False
+    if not whole:
+        step.note("constraints", f"ignoring a damaged cached resolution {entry.name[:12]}: resolving afresh")
+        return None
+    try:
+        max_age = float(os.environ.get("MRL_CLOSURE_MAX_AGE") or CLOSURE_MAX_AGE)
+    except ValueError:
+        raise OverlayError(f"MRL_CLOSURE_MAX_AGE={os.environ['MRL_CLOSURE_MAX_AGE']!r}: expected a number of seconds.") from None
+    age = time.time() - created
+    if not 0 <= age <= max_age:
+        step.note("constraints", f"the cached resolution {key[:12]} is {_age(age)} old (kept {_age(max_age)}): resolving afresh")
+        return None
+    return closure, age
+
+
+def _store_closure(entry: pathlib.Path, key: str, inputs: dict[str, Any], closure: str) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    data = {"format": CLOSURE_CACHE_FORMAT, "key": key, "created": time.time(), "sha256": _sha(closure),
+            "inputs": inputs, "closure": closure}
+    write_atomically(entry, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    step.note("constraints", f"resolution cached as {key[:12]}")
+
+
+def _age(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Environment, location: str = "") -> str:
@@ -142,11 +304,12 @@ def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: s
     if ours:
         raise OverlayError(f"the resolved closure lacks overlay wheels {', '.join(sorted(ours))}: they would not be pinned.")
     install = f"uv pip install -c {location}constraints.txt"
+    override = f" --override {find_links.rstrip('/')}/{STANDIN_OVERRIDES}" if env.overrides else ""
     header = [
         "# maxtext-rl-overlay constraints: generated by scripts/build-wheels.sh; do not edit.",
         *(f"# {note}" for note in notes),
         f"# Install with:  {install} maxtext-rl-overlay",
-        f"#   with MaxText: {install}{' --override ' + find_links.rstrip('/') + '/' + STANDIN_OVERRIDES if env.overrides else ''} \"maxtext-rl-overlay[{env.extra}]\"   ({env.maxtext})",
+        f"#   with MaxText: {install}{override} \"maxtext-rl-overlay[{env.extra}]\"   ({env.maxtext})",
         f"# Resolved for Python {TARGET_PYTHON} on {TARGET_PLATFORM} (a TPU VM), with {env.maxtext}",
         f"# under its {env.constraints_origin.split(':', 1)[1]} ({env.constraints_origin.split(':', 1)[0]}).",
         f"--find-links {find_links}",

@@ -4,7 +4,14 @@
 metadata, and vLLM's needs torch and a compiler), so files are taken straight
 from the index's JSON simple API (PEP 691) and checked against the sha256 the
 index lists, and against a pinned sha256 where the caller has one. Downloads
-are cached by file name and hash."""
+are cached by file name and hash.
+
+A release wheel looked up by project and version (`release_wheel`) reads the
+file list once, and records which file it chose and the sha256 the index
+listed for it; a later lookup of the same release on the same index reuses the
+cached file when it still has that sha256, without the network: index files
+are immutable once published (a name cannot be uploaded twice), and the file
+was checked against the index's sha256 when it was downloaded."""
 
 from __future__ import annotations
 
@@ -16,12 +23,14 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from .digest import sha256_file
 from .errors import OverlayError
 from .progress import step
+from .staging import write_atomically
 
 #: PyPI, the index pip and uv use when none is configured.
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -41,7 +50,7 @@ def _context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT") or None)
 
 
-def files(project: str) -> list[dict]:
+def files(project: str) -> list[dict[str, Any]]:
     """`project`'s files on the index: PEP 691 entries (filename, url, hashes)."""
     url = f"{index_url()}/{canonicalize_name(project)}/"
     request = urllib.request.Request(url, headers={"Accept": _JSON})
@@ -55,8 +64,12 @@ def files(project: str) -> list[dict]:
 
 def wheel_name(project: str, version: str) -> str:
     """The file name of `project`'s pure-Python wheel of `version`."""
-    for entry in files(project):
-        name = entry["filename"]
+    return _pure_wheel(files(project), project, version)
+
+
+def _pure_wheel(listing: list[dict[str, Any]], project: str, version: str) -> str:
+    for entry in listing:
+        name = str(entry["filename"])
         if name.endswith("-py3-none-any.whl") and str(parse_wheel_filename(name)[1]) == version:
             return name
     raise OverlayError(f"the package index has no pure-Python wheel of {project} {version}.")
@@ -64,7 +77,11 @@ def wheel_name(project: str, version: str) -> str:
 
 def file_info(project: str, filename: str) -> tuple[str, str]:
     """(url, sha256) of `filename` among `project`'s files on the index."""
-    for entry in files(project):
+    return _info(files(project), project, filename)
+
+
+def _info(listing: list[dict[str, Any]], project: str, filename: str) -> tuple[str, str]:
+    for entry in listing:
         if entry.get("filename") == filename:
             sha = entry.get("hashes", {}).get("sha256")
             if not sha:
@@ -81,6 +98,36 @@ def download(project: str, filename: str, dest_dir: pathlib.Path, *, sha256: str
     url, listed = file_info(project, filename)
     if sha256 and listed != sha256:
         raise OverlayError(f"the package index lists {filename} with sha256 {listed}, not the pinned {sha256}.")
+    return _fetch(project, filename, url, listed, dest_dir)
+
+
+def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib.Path:
+    """`project`'s pure-Python wheel of `version` in `dest_dir`: one read of
+    the index's file list the first time; afterwards, while the cached file
+    still has the sha256 recorded then, none."""
+    index = index_url()
+    record = dest_dir / f"{canonicalize_name(project)}-{version}.release.json"
+    try:
+        known = json.loads(record.read_text())
+        if (known["index"], known["project"], known["version"]) == (index, canonicalize_name(project), version):
+            wheel: pathlib.Path = dest_dir / str(known["filename"])
+            if wheel.name == known["filename"] and wheel.is_file() and sha256_file(wheel) == known["sha256"]:
+                return wheel
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no record, or a damaged one: ask the index
+    listing = files(project)
+    filename = _pure_wheel(listing, project, version)
+    url, listed = _info(listing, project, filename)
+    wheel = _fetch(project, filename, url, listed, dest_dir)
+    write_atomically(record, json.dumps({"index": index, "project": canonicalize_name(project), "version": version,
+                                         "filename": filename, "sha256": listed}, indent=1) + "\n")
+    return wheel
+
+
+def _fetch(project: str, filename: str, url: str, listed: str, dest_dir: pathlib.Path) -> pathlib.Path:
+    """`filename` in `dest_dir` with the sha256 the index lists: the cached
+    copy if it has it, else downloaded from `url` and checked."""
+    dest = dest_dir / filename
     if dest.is_file() and sha256_file(dest) == listed:
         return dest
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -98,4 +145,3 @@ def download(project: str, filename: str, dest_dir: pathlib.Path, *, sha256: str
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise
     return dest
-

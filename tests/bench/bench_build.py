@@ -8,7 +8,8 @@ overlay build is timed whole (sources from the warm cache, patching, wheels,
 overlay wheel, index, closure resolution); the baseline builds the very source
 trees the overlay build checked out, unpatched, one `uv build --wheel` each.
 The closure is resolved with PyPI's torch (--torch-standin): the PyTorch CPU
-index is out of reach where this runs.
+index is out of reach where this runs. The load averages before and after
+say whether other jobs shared the machine during the run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def timed(cmd: list[str], **kw) -> float:
 
 def main(pairs: list[str]) -> None:
     names = [p.split("=", 1)[0] for p in pairs]
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
         tmp = pathlib.Path(tmp)
         cache = tmp / "cache"
@@ -53,6 +55,8 @@ def main(pairs: list[str]) -> None:
     print(f"upstreams: {', '.join(names)}; median of {RUNS} warm runs each")
     print(f"overlay build (patch + wheels + overlay wheel + index + constraints): {o:.2f} s")
     print(f"plain uv build --wheel of the same unpatched trees:                  {p:.2f} s")
+    load = lambda a: " ".join(f"{x:.2f}" for x in a)  # noqa: E731
+    print(f"load average (1, 5, 15 min) before: {load(load_before)}; after: {load(os.getloadavg())}; cpus: {os.cpu_count()}")
     print(f"overhead_ratio={o / p:.2f}")
 
 
