@@ -75,9 +75,9 @@ def build(opts: BuildOptions) -> BuildResult:
         not_built = [p for p in project.pins if p not in entries]
         if not_built:
             step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` will say the stack does not import")
-        adapter = _build_maxtext_adapter(env, staging, opts.python)
+        adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
         record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter))
-        overlay_wheel = _build_overlay(project, record, adapter, staging, opts.python)
+        overlay_wheel = _build_overlay(project, record, adapter, staging, opts.python, cache)
         sums = publish.write_index(staging)
         publish.write_simple(staging, sums)
         find_links = _relative(out, constraints_path.parent)
@@ -134,7 +134,7 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
         variables = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
         date = pin.date or source.date
         wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=variables, epoch=wheels.commit_epoch(date),
-                                   python=opts.python, build_env=build_env)
+                                   python=opts.python, build_env=build_env, cache=cache)
     name, got = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
     if got != version or name != canonicalize_name(pin.distribution):
         raise OverlayError(
@@ -179,7 +179,7 @@ def _environment_record(env: environment.Environment, adapter: manifest.Adapter 
                                       adapter)
 
 
-def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str) -> manifest.Adapter | None:
+def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str, cache: pathlib.Path) -> manifest.Adapter | None:
     """MaxText's vLLM plugin, as a wheel made from the release's own folder,
     unchanged: what install_tpu_post_train_extra_deps installs from it."""
     if not env.vllm_adapter:
@@ -195,14 +195,15 @@ def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, 
                 dest = tree / name[len(folder):]
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(zf.read(name))
-        wheel = wheels.build_wheel(tree, staging, who="maxtext-vllm-adapter", env={}, epoch=wheels.commit_epoch(None), python=python)
+        wheel = wheels.build_wheel(tree, staging, who="maxtext-vllm-adapter", env={}, epoch=wheels.commit_epoch(None), python=python,
+                                   cache=cache)
     name, version = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
     step.note("maxtext-vllm-adapter", f"built {wheel.name} from {env.release.name}:{folder}")
     return manifest.Adapter(name, version, manifest.WheelFile(wheel.name, sha256_file(wheel)), f"{env.release.name}:{folder}")
 
 
 def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifest.Adapter | None, staging: pathlib.Path,
-                   python: str) -> pathlib.Path:
+                   python: str, cache: pathlib.Path) -> pathlib.Path:
     """The maxtext-rl-overlay wheel: our code, the manifest, and exact
     dependencies on the overlay builds just made."""
     root = project.root
@@ -225,4 +226,4 @@ def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifes
         # The newest pinned commit date: the same on every machine.
         epoch = max((wheels.commit_epoch(e.pin.date) for e in record.distributions.values() if e.pin.date), key=int,
                     default=wheels.commit_epoch(None))
-        return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=python)
+        return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=python, cache=cache)

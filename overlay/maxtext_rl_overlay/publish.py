@@ -31,17 +31,15 @@ import json
 import os
 import pathlib
 import shutil
-import sys
 import tempfile
 import time
-import tomllib
 import urllib.parse
 import zipfile
 from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import proc, sources
+from . import buildcache, proc, sources
 from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
@@ -57,14 +55,6 @@ COMPILE_FLAGS = ("--quiet", "--no-header", "--no-annotate", "--generate-hashes")
 CLOSURE_CACHE_FORMAT = 1
 #: How long a cached resolution is reused, in seconds (MRL_CLOSURE_MAX_AGE).
 CLOSURE_MAX_AGE = 24 * 3600
-#: uv variables that change how it works, not what it resolves to; every
-#: other UV_* variable is part of the key (an unknown one costs a miss, never
-#: a wrong answer).
-_UV_NEUTRAL = frozenset({
-    "UV_CACHE_DIR", "UV_NO_CACHE", "UV_NO_PROGRESS", "UV_CONCURRENT_DOWNLOADS", "UV_CONCURRENT_BUILDS",
-    "UV_CONCURRENT_INSTALLS", "UV_HTTP_TIMEOUT", "UV_REQUEST_TIMEOUT", "UV_HTTP_RETRIES", "UV_LINK_MODE",
-    "UV_PYTHON_DOWNLOADS", "UV_COLOR", "UV_NO_WRAP", "UV_LOG_CONTEXT",
-})
 
 
 def write_index(index_dir: pathlib.Path) -> dict[str, str]:
@@ -188,56 +178,14 @@ def closure_key(index_dir: pathlib.Path, requirement: str, python: str, env: Env
         "overrides": list(env.overrides),
         "python_version": TARGET_PYTHON,
         "python_platform": TARGET_PLATFORM,
-        "interpreter": _interpreter(python),
-        "uv": proc.run(["uv", "--version"], what="reading uv's version", who="constraints").stdout.strip(),
         "flags": list(COMPILE_FLAGS),
-        "uv_environment": {k: _sha(v) for k, v in sorted(os.environ.items()) if k.startswith("UV_") and k not in _UV_NEUTRAL},
-        "uv_config": _uv_config(),
+        "uv": buildcache.uv_identity(python),
     }
-    return _sha(json.dumps(inputs, sort_keys=True)), inputs
+    return buildcache.key(inputs), inputs
 
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _interpreter(python: str) -> str:
-    """The resolver's interpreter (it builds the metadata of sdists): its
-    path and version."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        return f"{os.path.realpath(python)} {sys.version}"
-    done = proc.run([python, "-c", "import sys; print(sys.version)"], what="reading the interpreter's version", who="constraints")
-    return f"{os.path.realpath(python)} {done.stdout.strip()}"
-
-
-def _uv_config() -> dict[str, str]:
-    """sha256 of the uv settings files uv may read here: the user's and the
-    system's uv.toml, UV_CONFIG_FILE, and uv.toml or [tool.uv] of
-    pyproject.toml in this folder or any above it."""
-    home = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    candidates = [pathlib.Path(home) / "uv" / "uv.toml", pathlib.Path("/etc/uv/uv.toml")]
-    candidates += [pathlib.Path(d) / "uv" / "uv.toml" for d in os.environ.get("XDG_CONFIG_DIRS", "").split(":") if d]
-    if os.environ.get("UV_CONFIG_FILE"):
-        candidates.append(pathlib.Path(os.environ["UV_CONFIG_FILE"]))
-    folder = pathlib.Path.cwd()
-    for d in (folder, *folder.parents):
-        candidates += [d / "uv.toml", d / "pyproject.toml"]
-    found = {}
-    for path in candidates:
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        if path.name == "pyproject.toml":
-            try:
-                table = tomllib.loads(data.decode()).get("tool", {}).get("uv")
-            except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-                table = data.decode(errors="replace")
-            if table is None:
-                continue
-            data = json.dumps(table, sort_keys=True, default=str).encode()
-        found[str(path)] = hashlib.sha256(data).hexdigest()
-    return found
 
 
 def _cached_closure(entry: pathlib.Path, key: str) -> tuple[str, float] | None:

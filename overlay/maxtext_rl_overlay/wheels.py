@@ -7,21 +7,29 @@ pinned build backends (resources/build-constraints.txt)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pathlib
 import shutil
 import tempfile
 import tomllib
 from importlib import resources
+from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import tomledit
+from . import buildcache, gittree, tomledit
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
+from .digest import sha256_file
 from .errors import OverlayError
 from .proc import run
 from .progress import step
+from .staging import staged_dir
+
+#: Bumped when what a kept wheel's record says changes.
+WHEEL_CACHE_FORMAT = 1
 
 
 def wheel_version(upstream_version: str, local_label: str) -> str:
@@ -86,14 +94,21 @@ def commit_epoch(commit_date_iso: str | None) -> str:
 
 
 def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dict[str, str], epoch: str, python: str,
-                build_env: BuildEnv | None = None) -> pathlib.Path:
+                build_env: BuildEnv | None = None, cache: pathlib.Path | None = None) -> pathlib.Path:
     """`uv build --wheel` of `tree` into `out_dir`; returns the wheel's path.
 
     With `build_env`, the build runs without isolation in that prepared
-    environment (a distribution whose extensions link the closure's torch)."""
+    environment (a distribution whose extensions link the closure's torch).
+    With `cache`, a wheel built before from the same tree with the same
+    settings is reused (buildcache: keyed by the tree's git id, not its path)."""
     uv = shutil.which("uv")
     if uv is None:
         raise OverlayError("uv is not installed; install it (pip install uv) to build wheels.")
+    inputs = _wheel_inputs(tree, env, epoch, python, build_env) if cache is not None else None
+    if cache is not None and inputs is not None:
+        kept = _kept_wheel(cache, inputs, out_dir, who)
+        if kept is not None:
+            return kept
     # Compiled code records source paths (debug info, __FILE__, also of the
     # headers it includes): map the build's temporary folder and the build
     # environment's (torch's headers) away, so that the bytes depend on neither.
@@ -121,4 +136,61 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
         out_dir.mkdir(parents=True, exist_ok=True)
         dest = out_dir / built[0].name
         shutil.move(built[0], dest)
-        return dest
+    if cache is not None and inputs is not None:
+        _keep_wheel(cache, inputs, dest, who)
+    return dest
+
+
+def _wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: str, build_env: BuildEnv | None) -> dict[str, Any]:
+    """Everything a wheel's bytes depend on. The tree by its git tree id (so,
+    after our edits to it); a build environment by its cache key (the hash of
+    what it holds), its torch and CUDA; the compiler and linker flags the
+    user set; the tool itself, which sets the rest."""
+    return {
+        "format": WHEEL_CACHE_FORMAT,
+        "tree": gittree.tree_id(tree),
+        "env": env,
+        "epoch": epoch,
+        "flags": {var: os.environ.get(var, "") for var in ("CFLAGS", "CXXFLAGS", "LDFLAGS")},
+        "build_env": None if build_env is None else {"key": build_env.root.name, "torch": build_env.torch, "cuda": build_env.cuda},
+        "build_constraints": hashlib.sha256(BUILD_CONSTRAINTS.read_bytes()).hexdigest(),
+        "uv": buildcache.uv_identity(python if build_env is None else str(build_env.python)),
+        "tool": buildcache.tool_digest(),
+    }
+
+
+def _kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Path, who: str) -> pathlib.Path | None:
+    """A copy in `out_dir` of the wheel kept for these inputs, if there is a
+    whole one (its record names it and its sha256 matches); else None."""
+    key = buildcache.key(inputs)
+    entry = cache / "wheels" / key
+    try:
+        record = json.loads((entry / "record.json").read_text())
+        wheel = entry / str(record["wheel"])
+        whole = record["key"] == key and wheel.parent == entry and sha256_file(wheel) == record["sha256"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        whole = False
+    if not whole:
+        step.note(who, f"ignoring a damaged kept wheel {key[:12]}: building afresh")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / wheel.name
+    shutil.copyfile(wheel, dest)
+    step.note(who, f"tree {inputs['tree'][:12]} and its build settings unchanged: reusing the wheel {wheel.name} (kept as {key[:12]})")
+    return dest
+
+
+def _keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path, who: str) -> None:
+    key = buildcache.key(inputs)
+    entry = cache / "wheels" / key
+    shutil.rmtree(entry, ignore_errors=True)
+    try:
+        with staged_dir(entry) as staged:
+            shutil.copyfile(wheel, staged / wheel.name)
+            record = {"key": key, "wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs}
+            (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:  # a concurrent build kept it first, or the cache is full: the build itself stands
+        step.note(who, f"the wheel was not kept for reuse ({exc})")

@@ -139,6 +139,9 @@ def test_reproducible_and_engines_agree(built, tmp_path, standin, project):
     ng = build_standins(project, tmp_path / "b" / "dist", standin, tmp_path / "cold-cache", "--engine", "patch-ng", only=ALL)
     assert ng.returncode == 0, ng.stderr
     assert "(patch-ng)" in ng.stderr
+    # Kept wheels are found by their tree's git id: patch-ng made the very trees git am made.
+    for name in ("google-tunix", "tpu-inference"):
+        assert f"[{name}] tree " in ng.stderr and f"[{name}] building the wheel" not in ng.stderr, ng.stderr
     assert _sums(tmp_path / "b" / "dist") == _sums(out)
 
 

@@ -1,6 +1,7 @@
-"""A warm rebuild with unchanged inputs reuses the cached closure resolution
-and the cached MaxText release, and publishes byte for byte what the cold
-build did (the wheels' SHA256SUMS and constraints.txt)."""
+"""A warm rebuild with unchanged inputs reuses the cached closure resolution,
+the cached MaxText release and the wheels kept by their trees, and publishes
+byte for byte what the cold build did (the wheels' SHA256SUMS and
+constraints.txt); a changed tree is built again."""
 
 from __future__ import annotations
 
@@ -19,7 +20,23 @@ def test_warm_rebuild_reuses_the_closure_byte_for_byte(tmp_path, standin, projec
     assert "closure unchanged: reusing the resolution of" in warm.stderr, warm.stderr
     assert "resolving the closure" not in warm.stderr
     assert "downloading maxtext" not in warm.stderr
+    # Every wheel (the two upstreams, MaxText's adapter, the overlay) kept by its tree: none built again.
+    assert warm.stderr.count("unchanged: reusing the wheel") == 4, warm.stderr
+    assert "building the wheel" not in warm.stderr
     for name in ("dist/SHA256SUMS", "constraints.txt"):
         assert (tmp_path / "warm" / name).read_bytes() == (tmp_path / "cold" / name).read_bytes(), name
     # The index's own copy names the index "." either way.
     assert (tmp_path / "warm" / "dist" / "constraints.txt").read_bytes() == (tmp_path / "cold" / "dist" / "constraints.txt").read_bytes()
+
+
+def test_a_changed_tree_is_built_again(tmp_path, standin, project):
+    cache = tmp_path / "cache"
+    build_standins(project, tmp_path / "one" / "dist", standin, cache, only="google-tunix")
+    patch = next((project / "patches" / "google-tunix").glob("0001-*.patch"))
+    # A different patch file with the same change (its message only): the
+    # tree is the same, so the wheel is reused; the overlay's manifest
+    # records the patch file's sha256, so the overlay wheel is built again.
+    patch.write_text(patch.read_text().replace("\n\n", "\n\nReworded.\n\n", 1))
+    again = build_standins(project, tmp_path / "two" / "dist", standin, cache, only="google-tunix")
+    assert "[google-tunix] tree " in again.stderr and "[google-tunix] building the wheel" not in again.stderr, again.stderr
+    assert "[maxtext-rl-overlay] building the wheel" in again.stderr
