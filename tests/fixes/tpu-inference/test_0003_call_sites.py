@@ -47,14 +47,13 @@ from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
 from support.fixes.matrix import MESHES
-from support.fixes.meshes import make_mesh
+from support.fixes.meshes import WSC_ASSERT, make_mesh
 from support.fixes.unpatched import load_unpatched
 
 LINEAR = "tpu_inference.layers.common.linear"
 DENSE_MOE = "tpu_inference.layers.jax.moe.dense_moe"
 MOE = "tpu_inference.layers.jax.moe.moe"
 MOE_WEIGHTS = "tpu_inference.layers.common.process_weights.moe_weights"
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
 MESH = (2, 4)  # data x model: both axes > 1, so every target spec moves data
 
 

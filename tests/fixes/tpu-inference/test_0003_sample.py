@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
 from support.fixes.matrix import AXIS_TYPES, MESHES
-from support.fixes.meshes import make_mesh
+from support.fixes.meshes import WSC_ASSERT, make_mesh
 from support.fixes.sampling import (
     B,
     BSEARCH,
@@ -43,7 +43,6 @@ from support.fixes.sampling import (
     SELECT_ERROR,
     TOP_K,
     TOP_P,
-    WSC_ASSERT,
     host_logits,
     metadata,
     run_sample,

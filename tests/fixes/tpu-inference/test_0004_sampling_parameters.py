@@ -30,12 +30,11 @@ from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
 from support.fixes.matrix import AXIS_TYPES, MESHES
-from support.fixes.meshes import make_mesh
+from support.fixes.meshes import WSC_ASSERT, make_mesh
 from support.fixes.sampling import (
     BSEARCH,
     SAMPLING,
     SELECT_ERROR,
-    WSC_ASSERT,
     host_logits,
     metadata,
     run_sample,

@@ -41,12 +41,12 @@ import sys
 from support import TESTS
 from support.fixes import maxtext_shims
 from support.fixes.matrix import PLATFORM
+from support.fixes.meshes import WSC_ASSERT
 
 REPORT = (
     "The input should be unsharded over the axis along which to compute the top_k values. "
     "Got input type=float32[8@data,1024@model] and axis=1"
 )
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
 EMBED_GATHER = "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"
 SAMPLER_COMPILATIONS = [
     ("sample", {"num_reqs": "8", "do_sampling": "True", "logprobs": "True"}),

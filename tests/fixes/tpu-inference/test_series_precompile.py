@@ -53,6 +53,7 @@ from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
 from support.fixes.matrix import AXIS_TYPES, MESHES
+from support.fixes.meshes import WSC_ASSERT
 from support.fixes.runner import SHARD_MAP_SPECS, overlay_sampler, runner_mesh, upstream_sampler
 
 CM = "tpu_inference.runner.compilation_manager"
@@ -63,7 +64,6 @@ NUM_SPECULATIVE_TOKENS = 1
 MAX_LOGPROBS = 20
 
 # What makes the sampler fail at the pin, under Explicit axes.
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
 TOP_K_SHARDED = "should be unsharded over the axis along which to compute the top_k values"
 SELECT_CASES = "select cases must have the same shardings"
 SAME_SHARDING = "All operands should have the same sharding"

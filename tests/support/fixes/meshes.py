@@ -10,6 +10,9 @@ from jax.sharding import AxisType
 
 #: The matrix's axis-types entries ("explicit", "auto") as JAX's.
 AXIS_TYPE = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
+#: What jax.lax.with_sharding_constraint raises (AssertionError) on a mesh
+#: whose axes are all Explicit: upstream's failure at most call sites.
+WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
 
 
 def make_mesh(shape, axis_type: str = "explicit", names=("data", "model")) -> jax.sharding.Mesh:

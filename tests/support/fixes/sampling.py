@@ -17,7 +17,6 @@ from support.fixes.unpatched import load_unpatched
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
 BSEARCH = "tpu_inference.layers.common.binary_search"
 B, V = 8, 1024
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
 SELECT_ERROR = "select cases must have the same shardings"
 
 
