@@ -8,28 +8,15 @@ unless it sees a v6e-8.
 """
 
 import os
-import pathlib
-import sys
 
 import pytest
 
-# --import-mode=importlib puts no test folder on sys.path: the suite's helper
-# modules (matrix, unpatched, ...) live beside this file.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from matrix import DEVICES, PLATFORM  # noqa: E402
+# The suite's helpers are the support.fixes package (tests/support/fixes).
+from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
-if PLATFORM == "cpu":
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={DEVICES}").strip()
-    # tpu_inference asks the GCE metadata server for these at import time and
-    # logs errors when it cannot; on a TPU VM the real values are set.
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
-    os.environ.setdefault("TPU_NAME", "local")
-    os.environ.setdefault("TPU_WORKER_ID", "0")
-elif PLATFORM != "tpu":
+if PLATFORM not in ("cpu", "tpu"):
     raise pytest.UsageError(f"MRL_PLATFORM must be cpu or tpu, not {PLATFORM!r}")
+simulate_v6e_8()
 
 
 def pytest_configure(config):
@@ -37,7 +24,7 @@ def pytest_configure(config):
     # jax.lax functions for the whole process, as importing its Tunix adapter
     # does in a train_rl run. Installed now, before any test module imports.
     if os.environ.get("MRL_MAXTEXT_SHIMS") == "1":
-        import maxtext_shims
+        from support.fixes import maxtext_shims
 
         if maxtext_shims.ADAPTER is None:
             raise pytest.UsageError("MRL_MAXTEXT_SHIMS=1 needs maxtext installed (the MaxText cell of the matrix).")

@@ -3,9 +3,10 @@
 import os
 
 import jax
-import maxtext_shims
 import pytest
-from matrix import DEVICES, MESHES, PLATFORM
+
+from support.fixes import maxtext_shims
+from support.fixes.matrix import DEVICES, MESHES, PLATFORM
 
 
 def test_eight_devices_make_every_mesh_of_the_matrix():

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import sys
 
 import pytest
+import standins  # tests/standins.py: tests/ is on sys.path (pyproject's pythonpath)
 
-_HERE = pathlib.Path(__file__).resolve().parent
-# --import-mode=importlib puts no test folder on sys.path; the helpers live here.
-sys.path[:0] = [str(_HERE), str(_HERE.parent)]
-import standins  # noqa: E402
-from pipeline_support import ALL, ROOT, build_standins  # noqa: E402
+from support.pipeline import ALL, ROOT, build_standins
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import time
 import urllib.parse
 
 import pytest
-from pipeline_support import (
+from support.pipeline import (
     ALL,
     PROJECT,
     build_standins,

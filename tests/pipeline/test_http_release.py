@@ -20,7 +20,7 @@ import uuid
 import zipfile
 
 import pytest
-from pipeline_support import ALL, ROOT, build_standins
+from support.pipeline import ALL, ROOT, build_standins
 
 from maxtext_rl_overlay import publish
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import standins
-from pipeline_support import ROOT, run_tool
+from support.pipeline import ROOT, run_tool
 
 SOURCES = dict(s.split("=", 1) for s in os.environ.get("MRL_SOURCES", "").split())
 

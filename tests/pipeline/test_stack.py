@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 import standins
-from pipeline_support import ALL, PROJECT, build_standins, unpack
+from support.pipeline import ALL, PROJECT, build_standins, unpack
 
 from maxtext_rl_overlay import registry
 

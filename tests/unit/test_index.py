@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from maxtext_rl_overlay import publish
 from maxtext_rl_overlay.errors import OverlayError
-from unit_support import fake_wheel
+from unit.unit_support import fake_wheel
 
 
 def test_simple_tree_and_flat_index_link_relatively_with_hashes(tmp_path):

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 from maxtext_rl_overlay import publish
-from unit_support import fake_wheel
+from unit.unit_support import fake_wheel
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"

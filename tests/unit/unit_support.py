@@ -1,4 +1,10 @@
-"""Helpers of the fast tests (tests/unit)."""
+"""Helpers of the fast tests (tests/unit), run in the tool venv; imported as
+`unit.unit_support` (pyproject's pythonpath puts tests/ on sys.path).
+
+They live in tests/unit rather than tests/support because tests/unit must
+stand alone: the rebase command runs the fast tests, and its own tests
+(tests/rebase) run it on a project copy that holds tests/conftest.py and
+tests/unit only."""
 
 from __future__ import annotations
 

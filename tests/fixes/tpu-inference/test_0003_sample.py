@@ -1,5 +1,5 @@
 """tpu-inference: `sample()` and every sharding constraint under Explicit mesh axes
-(patches/tpu-inference/0003, 0004), with MaxText 0.2.4's run-time shims and without.
+(patches/tpu-inference/0003), with MaxText 0.2.4's run-time shims and without.
 
 At the pin, with Explicit mesh axes (jax.make_mesh's default in JAX 0.11),
 `sample()` fails on every call: `jax.lax.with_sharding_constraint` only asserts
@@ -8,25 +8,22 @@ there. MaxText replaces that function process-wide with a fallback to
 `binary_search.float32_bsearch` (select cases sharded differently). The patch
 gives tpu-inference `constrain_sharding` (constraint under Auto axes, reshard
 under Explicit ones) at every call site, and shards the search state of
-`topk_mask`/`topp_mask` like their input's batch axes. With 0001-0003,
-sampling parameters (temperature, top-k, top-p) placed otherwise than the
-rows of the logits, e.g. replicated, still fail in `jnp.where(is_greedy, ...)`
-("select `which` must be scalar or have the same sharding as cases"), which
-Auto axes accept: 0004 reshards them like the rows.
+`topk_mask`/`topp_mask` like their input's batch axes. Where the sampling
+parameters are placed otherwise than the logits' rows is patch 0004's
+(test_0004_sampling_parameters.py); the other call sites are in
+test_0003_call_sites.py.
 
 Each failure is first shown on the upstream modules (the installed files with
-the series reverse-applied, see unpatched.py), then the INSTALLED, patched
-code runs: tokens equal to the unsharded run for greedy, the same tokens for a
-fixed key under Explicit and Auto axes for sampling, and under Auto axes the
-very same program as upstream (and under Explicit axes with the runner's
-placement of the parameters, the program of 0001-0003).
+the series reverse-applied, see support/fixes/unpatched.py), then the
+INSTALLED, patched code runs: tokens equal to the unsharded run for greedy, the
+same tokens for a fixed key under Explicit and Auto axes for sampling, and
+under Auto axes the very same program as upstream.
 """
 
 from __future__ import annotations
 
-import pathlib
+import importlib
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -36,35 +33,30 @@ from jax._src.core import ShardingTypeError  # not exported publicly
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-if str(pathlib.Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import maxtext_shims  # noqa: E402
-from matrix import AXIS_TYPES, MESHES  # noqa: E402
-from unpatched import load_before, load_unpatched  # noqa: E402
+from support.fixes import maxtext_shims
+from support.fixes.matrix import AXIS_TYPES, MESHES
+from support.fixes.meshes import WSC_ASSERT, make_mesh
+from support.fixes.sampling import (
+    B,
+    BSEARCH,
+    SAMPLING,
+    SELECT_ERROR,
+    TOP_K,
+    TOP_P,
+    host_logits,
+    metadata,
+    run_sample,
+    unsharded_sample,
+    upstream_sampling,
+)
+from support.fixes.unpatched import load_unpatched
 
-SAMPLING = "tpu_inference.layers.jax.sample.sampling"
-BSEARCH = "tpu_inference.layers.common.binary_search"
 LAYERS = "tpu_inference.layers.jax.layers"
-B, V = 8, 1024
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
-SELECT_ERROR = "select cases must have the same shardings"
-SELECT_WHICH = "select `which` must be scalar or have the same sharding as cases"
-# Where callers may put temperature/top-k/top-p: the runner's P(ATTN_DATA),
-# replicated (device_array's default is P(None)), or P().
-METADATA_SPECS = {"attn_data": None, "replicated": P(None), "P()": P()}
-LOGITS_SPECS = {"vocab": P("data", "model"), "rows": P("data", None), "replicated": P()}
-AXIS_TYPE = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
-
-
-def make_mesh(shape, axis_type, names=("data", "model")):
-    return jax.make_mesh(shape, names, axis_types=(AXIS_TYPE[axis_type],) * len(names))
 
 
 @pytest.fixture(scope="module")
 def patched():
-    import importlib
-
     return importlib.import_module(SAMPLING)
 
 
@@ -75,62 +67,7 @@ def upstream_bsearch():
 
 @pytest.fixture(scope="module")
 def upstream(upstream_bsearch):
-    """Upstream sampling.py wired to upstream binary_search.py: the pin's sample()."""
-    mod = load_unpatched("tpu-inference", SAMPLING)
-    mod.topk_mask, mod.topp_mask = upstream_bsearch.topk_mask, upstream_bsearch.topp_mask
-    assert "constrain_sharding" not in pathlib.Path(mod.__file__).read_text()
-    return mod
-
-
-def host_logits() -> np.ndarray:
-    rng = np.random.default_rng(20261129)
-    x = (rng.normal(size=(B, V)) * 3).astype(np.float32)
-    x[0, [3, 700]] = x[0].max() + 1  # a tie for the maximum: argmax takes the first
-    return x
-
-
-# temperature 0 (greedy row), top_k 0 (off), top_p 1 (off), and every mix.
-TEMPERATURE = np.array([0.7, 1.0, 0.0, 1.3, 0.5, 1.0, 2.0, 0.9], np.float32)
-TOP_K = np.array([5, 0, 3, 50, 1, 0, 10, 20], np.int32)
-TOP_P = np.array([0.9, 0.8, 1.0, 1.0, 0.5, 1.0, 0.95, 0.7], np.float32)
-
-
-def metadata(mesh, do_sampling: bool, spec=None):
-    """As the runner builds it: per-request arrays sharded P(ATTN_DATA) (or
-    placed as `spec` says), dummy replicated."""
-    from tpu_inference.layers.common.sharding import ShardingAxisName
-    from tpu_inference.layers.jax.sample.sampling_metadata import (
-        TPUSupportedSamplingMetadata,
-    )
-
-    def put(a, spec):
-        return jax.device_put(a, NamedSharding(mesh, spec) if mesh is not None else jax.devices()[0])
-
-    dummy = put(np.zeros((2,), np.int32), P())
-    if not do_sampling:
-        return TPUSupportedSamplingMetadata(do_sampling=False, _cache_collision_dummy=dummy)
-    batch = P(ShardingAxisName.ATTN_DATA) if spec is None else spec
-    return TPUSupportedSamplingMetadata(
-        temperature=put(TEMPERATURE, batch),
-        top_k=put(TOP_K, batch),
-        top_p=put(TOP_P, batch),
-        _cache_collision_dummy=dummy,
-        do_sampling=True,
-    )
-
-
-def run_sample(module, mesh, do_sampling: bool, key=0, logits_spec=P("data", "model"), metadata_spec=None):
-    x = jax.device_put(host_logits(), NamedSharding(mesh, logits_spec))
-    with jax.set_mesh(mesh):
-        tokens, logits = module.sample(jax.random.key(key), mesh, x, metadata(mesh, do_sampling, metadata_spec))
-    assert jax.typeof(tokens).sharding.spec in (P(), P(None)), jax.typeof(tokens)
-    return np.asarray(tokens), np.asarray(logits)
-
-
-def unsharded_sample(module, do_sampling: bool, key=0):
-    """The same sample() on one device, no mesh set (mesh=None is only used for constraints)."""
-    device_mesh = jax.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-    return run_sample(module, device_mesh, do_sampling, key)
+    return upstream_sampling(upstream_bsearch)
 
 
 # --------------------------------------------------------------------------
@@ -170,76 +107,6 @@ def test_unpatched_masks_fail_explicit(upstream_bsearch):
             assert jax.typeof(got).sharding.spec == P("data", None)
             want = getattr(bsearch, fn)(jnp.asarray(host), arg, -1e12)  # one device
             np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=fn)
-
-
-@pytest.fixture(scope="module")
-def before_0004():
-    """sampling.py as the series leaves it before patch 0004 (0001-0003 applied)."""
-    return load_before("tpu-inference", SAMPLING, "0004", SAMPLING + "__before_0004")
-
-
-@mesh_ids
-def test_unpatched_sample_replicated_metadata_fails_explicit(upstream, before_0004, mesh_shape):
-    """Sampling parameters not sharded like the rows (here: replicated) under
-    Explicit axes: the pin fails as for any placement (AssertionError, and under
-    MaxText's shims in the top-k search); with 0001-0003 it fails next in the
-    final jnp.where(is_greedy, ...). Auto axes accept the same arrays."""
-    mesh = make_mesh(mesh_shape, "explicit")
-    for name in ("replicated", "P()"):
-        spec = METADATA_SPECS[name]
-        with maxtext_shims.upstream_failure(AssertionError, match=re.escape(WSC_ASSERT)):
-            run_sample(upstream, mesh, True, metadata_spec=spec)
-        with maxtext_shims.maxtext_shims():
-            jax.clear_caches()
-            with pytest.raises(ShardingTypeError, match=re.escape(SELECT_ERROR)):
-                run_sample(upstream, mesh, True, metadata_spec=spec)
-        jax.clear_caches()
-        for logits_name, logits_spec in LOGITS_SPECS.items():
-            with pytest.raises(ShardingTypeError, match=re.escape(SELECT_WHICH)) as excinfo:
-                run_sample(before_0004, mesh, True, logits_spec=logits_spec, metadata_spec=spec)
-            lines = [str(e.statement).strip() for e in excinfo.traceback if e.frame.code.name == "sample"]
-            assert any(line.startswith("ret_tokens = jnp.where(is_greedy") for line in lines), (name, logits_name, lines)
-        # the runner's placement works there: only the placement differs
-        run_sample(before_0004, mesh, True)
-        # Auto axes: any placement works, upstream too
-        auto = make_mesh(mesh_shape, "auto")
-        np.testing.assert_array_equal(
-            run_sample(upstream, auto, True, metadata_spec=spec)[0], run_sample(upstream, auto, True)[0]
-        )
-
-
-@mesh_ids
-def test_sample_any_metadata_placement(patched, mesh_shape):
-    """Patch 0004: every placement of the sampling parameters and of the logits,
-    under Explicit and Auto axes, draws the tokens of one device."""
-    want_tokens, want_logits = unsharded_sample(patched, True)
-    for axis_type in AXIS_TYPES:
-        mesh = make_mesh(mesh_shape, axis_type)
-        for metadata_name, metadata_spec in METADATA_SPECS.items():
-            for logits_name, logits_spec in LOGITS_SPECS.items():
-                what = f"{axis_type}, parameters {metadata_name}, logits {logits_name}"
-                tokens, logits = run_sample(patched, mesh, True, logits_spec=logits_spec, metadata_spec=metadata_spec)
-                np.testing.assert_array_equal(tokens, want_tokens, err_msg=what)
-                np.testing.assert_allclose(logits, want_logits, rtol=1e-6, err_msg=what)
-                if metadata_name == "P()" and logits_name == "vocab":  # greedy: the metadata is not read
-                    np.testing.assert_array_equal(run_sample(patched, mesh, False, metadata_spec=metadata_spec)[0],
-                                                  np.argmax(host_logits(), axis=-1), err_msg=what)
-
-
-def test_sample_programs_unchanged_by_0004(patched, upstream, before_0004):
-    """Patch 0004 changes no program where sample() already worked: Auto axes
-    (any placement: upstream's program) and Explicit axes with the runner's
-    placement (the program of 0001-0003)."""
-    for axis_type, reference in (("auto", upstream), ("explicit", before_0004)):
-        mesh = make_mesh((2, 4), axis_type)
-        x = jax.device_put(host_logits(), NamedSharding(mesh, P("data", "model")))
-        specs = METADATA_SPECS if axis_type == "auto" else {"attn_data": None}
-        for name, spec in specs.items():
-            md = metadata(mesh, True, spec)
-            with jax.set_mesh(mesh):
-                mine = patched.sample.lower(jax.random.key(0), mesh, x, md).as_text()
-                theirs = reference.sample.lower(jax.random.key(0), mesh, x, md).as_text()
-            assert mine == theirs, (axis_type, name)
 
 
 # --------------------------------------------------------------------------
@@ -414,51 +281,3 @@ def test_layers_call_sites_explicit():
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
         np.testing.assert_array_equal(want[name], upstream_auto[name], err_msg=name)
-
-
-# --------------------------------------------------------------------------
-# Tunix transfer_state_directly under MaxText's shims, and the bf16 -> f32 cast.
-
-
-def test_tunix_transfer_under_maxtext_shims():
-    from test_tunix_transfer import RNG, _flat, _layer_path, _source, _target, _transfer
-    from tunix.generate import utils as tunix_utils
-
-    mesh = make_mesh((2, 4), "explicit")
-    out_kernel = ("attention", "out", "kernel")  # bf16 in the source, f32 in the target
-    for rng, layers in (("stacked", 80), ("scalar", 34)):
-        plain = _flat(_transfer(tunix_utils, _source(mesh, layers, rng=rng), _target(mesh, layers)))
-        with maxtext_shims.maxtext_shims():
-            shimmed = _flat(_transfer(tunix_utils, _source(mesh, layers, rng=rng), _target(mesh, layers)))
-        assert plain.keys() == shimmed.keys()
-        for path in plain:
-            a, b = plain[path], shimmed[path]
-            if path[-3:] == out_kernel:
-                # Tunix casts to the target's dtype; MaxText's shim keeps bf16.
-                assert a.dtype == jnp.float32 and b.dtype == jnp.bfloat16, path
-                np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.float32)))
-            else:
-                assert a.dtype == b.dtype and a.shape == b.shape, path
-                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
-        assert int(plain[_layer_path(layers - 1, RNG)]) == int(shimmed[_layer_path(layers - 1, RNG)])
-
-
-def test_tpu_inference_params_take_the_model_dtype():
-    """Why the bf16 -> f32 skip is not needed at the pin: tpu-inference's JAX layers
-    create their weights in the dtype they are given (upstream 56f7404d0), so a
-    bf16 model has bf16 targets and Tunix's cast is a no-op for them."""
-    from flax import nnx
-    from tpu_inference.layers.jax.embed import JaxEmbed
-    from tpu_inference.layers.jax.linear import JaxEinsum, JaxLinear
-    from tpu_inference.layers.jax.norm import JaxRmsNorm
-
-    rngs = nnx.Rngs(0)
-    layers = {
-        "JaxEinsum": JaxEinsum("TD,DF->TF", (8, 16), rngs=rngs, dtype=jnp.bfloat16),
-        "JaxLinear": JaxLinear(8, 16, rngs=rngs, dtype=jnp.bfloat16),
-        "JaxEmbed": JaxEmbed(num_embeddings=32, features=8, rngs=rngs, dtype=jnp.bfloat16),
-        "JaxRmsNorm": JaxRmsNorm(8, rngs=rngs, dtype=jnp.bfloat16),
-    }
-    for name, layer in layers.items():
-        dtypes = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(layer, nnx.Param))}
-        assert dtypes == {jnp.dtype(jnp.bfloat16)}, (name, dtypes)

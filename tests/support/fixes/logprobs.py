@@ -1,4 +1,4 @@
-"""What the logprobs tests and the logprobs benchmark both need: the same
+"""What the logprobs tests (patches 0001, 0002) and the logprobs benchmark both need: the same
 comparison with the single-device result, and the bytes that collectives move,
 read from compiled HLO (deterministic, unlike time)."""
 

@@ -1,9 +1,11 @@
 """Start vLLM's engine on the installed stack and write down how far it got.
 
-Run by test_tpu_inference_engine.py in a process of its own (an engine start
-sets process-wide state: JAX devices, vLLM's distributed groups):
+Run by tests/fixes/tpu-inference/test_series_engine_start.py in a process of
+its own (an engine start sets process-wide state: JAX devices, vLLM's
+distributed groups), with tests/ on PYTHONPATH as pytest's `pythonpath` has
+it in the test process:
 
-    python engine_start.py RESULT.json [--upstream]
+    python -m support.fixes.engine_start RESULT.json [--upstream]
 
 It starts `vllm.LLM` in the engine process itself (no engine-core
 subprocess), as Tunix's vLLM rollout configures it for a ("data", "model")
@@ -16,7 +18,7 @@ tokens greedily from a fixed prompt.
 
 `--upstream` binds the pin's sampler (sampling.py, binary_search.py with the
 series reverse-applied, see unpatched.py) where the compilation manager looks
-it up, as test_tpu_inference_precompile.py does.
+it up, as tests/fixes/tpu-inference/test_series_precompile.py does.
 
 RESULT.json holds: the runner's mesh; every compilation the compilation
 manager ran (`_run_compilation`) and each `_flush_compilations` that completed,
@@ -42,16 +44,9 @@ import sys
 import tempfile
 import traceback
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from matrix import DEVICES, PLATFORM  # noqa: E402
+from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
-if PLATFORM == "cpu":  # as conftest.py does
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}").strip()
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
-    os.environ.setdefault("TPU_NAME", "local")
-    os.environ.setdefault("TPU_WORKER_ID", "0")
+simulate_v6e_8()  # before jax is imported, as tests/fixes/conftest.py does
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
 os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # no persistent JAX cache
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -119,7 +114,7 @@ def main() -> int:
     from tpu_inference.worker.tpu_worker import TPUWorker
 
     if upstream:
-        from unpatched import load_unpatched
+        from support.fixes.unpatched import load_unpatched
 
         bsearch = load_unpatched("tpu-inference", "tpu_inference.layers.common.binary_search")
         sampling = load_unpatched("tpu-inference", "tpu_inference.layers.jax.sample.sampling")

@@ -7,7 +7,7 @@ vocab-sharded logprobs reach `jax.lax.top_k`, then `jnp.take_along_axis`, and
 the replicated token ids meet the batch-sharded top-k in `jnp.concatenate`.
 
 Each test first shows the failure on the upstream module (the installed file
-with the series reverse-applied, see unpatched.py), then runs the INSTALLED,
+with the series reverse-applied, see support/fixes/unpatched.py), then runs the INSTALLED,
 patched module: the real jitted `compute_and_gather_logprobs` and
 `compute_and_gather_prompt_logprobs`, lowered and run inside `jax.set_mesh` as
 tpu-inference's compilation manager does, and compared with the same function
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import pathlib
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -32,13 +30,11 @@ from jax._src.core import ShardingTypeError  # not exported publicly; the report
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# --import-mode=importlib puts no test directory on sys.path.
-if str(pathlib.Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import maxtext_shims  # noqa: E402
-from logprobs_support import COLLECTIVES, assert_same_result  # noqa: E402
-from matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K  # noqa: E402
-from unpatched import load_unpatched  # noqa: E402
+from support.fixes import maxtext_shims
+from support.fixes.logprobs import COLLECTIVES, assert_same_result
+from support.fixes.matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K
+from support.fixes.meshes import make_mesh
+from support.fixes.unpatched import load_unpatched
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
 FUNCTIONS = ("compute_and_gather_logprobs", "compute_and_gather_prompt_logprobs")
@@ -59,7 +55,6 @@ LAYOUTS = {
     "dp+model": (("data", "attn_dp", "model"), P("data", ("attn_dp", "model"))),
     "unsharded": (("data", "model"), P("data", None)),
 }
-AXIS_TYPE = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +74,14 @@ def vocab_size(layout: str, dtype: str) -> int:
     return V_REPORT if (layout, dtype) == ("model", "float32") else V_SMALL
 
 
-def make_mesh(shape: tuple[int, int], layout: str, axis_type: str) -> jax.sharding.Mesh:
+def layout_mesh(shape: tuple[int, int], layout: str, axis_type: str) -> jax.sharding.Mesh:
+    """The matrix's (data, model) mesh shape with the axes `layout` names."""
     names = LAYOUTS[layout][0]
     data, model = shape
     if len(names) == 3:  # split the model axis in two: ("data", "attn_dp", "model")
         dp = 2 if model % 2 == 0 else 1
         shape = (data, dp, model // dp)
-    return jax.make_mesh(shape, names, axis_types=(AXIS_TYPE[axis_type],) * len(names))
+    return make_mesh(shape, axis_type, names)
 
 
 @functools.cache
@@ -230,7 +226,7 @@ def test_unpatched_gather_logprobs_eager(upstream, patched, monkeypatch):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
 def test_unpatched_fails_explicit(upstream, mesh_shape, layout):
-    mesh = make_mesh(mesh_shape, layout, "explicit")
+    mesh = layout_mesh(mesh_shape, layout, "explicit")
     _, spec = LAYOUTS[layout]
     for fn_name in FUNCTIONS:
         for dtype in DTYPES:
@@ -252,7 +248,7 @@ def test_unpatched_fails_explicit(upstream, mesh_shape, layout):
 @pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
 @pytest.mark.parametrize("axis_type", AXIS_TYPES)
 def test_matches_single_device(patched, upstream, axis_type, mesh_shape, layout):
-    mesh = make_mesh(mesh_shape, layout, axis_type)
+    mesh = layout_mesh(mesh_shape, layout, axis_type)
     _, spec = LAYOUTS[layout]
     batch = spec[0] if axis_type == "explicit" else None
     for fn_name in FUNCTIONS:
@@ -275,7 +271,7 @@ def test_matches_single_device(patched, upstream, axis_type, mesh_shape, layout)
                 assert_same_result(to_numpy(out), reference(fn_name, v, dtype, k), dtype, what)
                 if axis_type == "explicit" and spec[1] is not None:
                     # the vocab axis is never gathered whole: patch 0002 gathers only the
-                    # shards' top-k candidates (test_tpu_inference_topk_sharded.py). XLA on
+                    # shards' top-k candidates (test_0002_topk_shard_by_shard.py). XLA on
                     # CPU also all-gathers the batch axis for top_k (dimensions={0}): not
                     # counted here.
                     assert vocab_all_gathers(compiled, v) == 0, what

@@ -14,30 +14,28 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import types
 
-PATCHES = pathlib.Path(__file__).resolve().parents[2] / "patches"
-_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+from maxtext_rl_overlay import patchfile
+from maxtext_rl_overlay.pins import read_series
+
+from support import ROOT
+
+PATCHES = ROOT / "patches"
 
 
 def series(distribution: str) -> list[pathlib.Path]:
-    """The patch files of a distribution's series, in order."""
-    directory = PATCHES / distribution
-    names = [
-        line.split("#", 1)[0].split()[0]
-        for line in (directory / "series").read_text().splitlines()
-        if line.split("#", 1)[0].strip()
-    ]
-    return [directory / name for name in names]
+    """The patch files of a distribution's series, in order (read as the build reads them)."""
+    return list(read_series(PATCHES / distribution))
 
 
 def _touched(patch: pathlib.Path) -> set[str]:
-    return {m.group(2) for m in _DIFF_HEADER.finditer(patch.read_text())}
+    """The files a patch changes (their post-image paths)."""
+    return {change.path for change in patchfile.parse(patch).files}
 
 
 def unpatched_source(distribution: str, module: str) -> str:

@@ -21,7 +21,7 @@ own code. Each compilation is run and warmed up on its own, so that every one
 has its outcome:
 
 - upstream (sampling.py, binary_search.py and rejection_sampler.py with the
-  series reverse-applied, see unpatched.py, bound where the compilation
+  series reverse-applied, see support/fixes/unpatched.py, bound where the compilation
   manager and the runner look them up): every compilation fails under Explicit
   axes, with the report's AssertionError / ShardingTypeError, and for the
   rejection samplers shard_map's ValueError;
@@ -29,41 +29,34 @@ has its outcome:
   passes, nothing else does);
 - the overlay: every compilation passes, under Explicit and Auto axes.
 
-The compiled programs are also run on real inputs: the rejection samplers
-give the same tokens under Explicit axes as upstream under Auto axes (and,
-greedy, as on one device); `sample()` is checked in
-test_tpu_inference_sample.py and the logprobs in test_tpu_inference_logprobs.py.
-The real engine start (vLLM's `LLM`) is in test_tpu_inference_engine.py.
+The compiled programs are run on real inputs in each patch's own tests: the
+logprobs in test_0001_gather_logprobs.py and test_0002_topk_shard_by_shard.py,
+`sample()` in test_0003_sample.py and test_0004_sampling_parameters.py, the
+rejection samplers in test_0005_rejection_sampler.py. The real engine start
+(vLLM's `LLM`) is in test_series_engine_start.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import pathlib
 import re
-import sys
 import traceback
 import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax._src.core import ShardingTypeError  # not exported publicly; the report's class
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-if str(pathlib.Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import maxtext_shims  # noqa: E402
-from matrix import AXIS_TYPES, MESHES  # noqa: E402
-from unpatched import load_unpatched  # noqa: E402
+from support.fixes import maxtext_shims
+from support.fixes.matrix import AXIS_TYPES, MESHES
+from support.fixes.meshes import WSC_ASSERT
+from support.fixes.runner import SHARD_MAP_SPECS, overlay_sampler, runner_mesh, upstream_sampler
 
 CM = "tpu_inference.runner.compilation_manager"
-SAMPLING = "tpu_inference.layers.jax.sample.sampling"
-BSEARCH = "tpu_inference.layers.common.binary_search"
-REJECTION = "tpu_inference.layers.jax.sample.rejection_sampler"
 VOCAB = 1000  # aligned up to the tensor-parallel size, as the runner does
 MAX_NUM_SEQS = 8
 MAX_NUM_BATCHED_TOKENS = 32
@@ -71,9 +64,7 @@ NUM_SPECULATIVE_TOKENS = 1
 MAX_LOGPROBS = 20
 
 # What makes the sampler fail at the pin, under Explicit axes.
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
 TOP_K_SHARDED = "should be unsharded over the axis along which to compute the top_k values"
-SHARD_MAP_SPECS = re.compile(r"in_specs passed to shard_map: P\('data',?\) does not match the specs of the input")
 SELECT_CASES = "select cases must have the same shardings"
 SAME_SHARDING = "All operands should have the same sharding"
 
@@ -87,34 +78,6 @@ def _no_persistent_compile_cache(monkeypatch):
     # vLLM's cache folder unless this is set: keep the suite's state to itself.
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
 
-
-def runner_mesh(shape: tuple[int, int], axis_type: str) -> jax.sharding.Mesh:
-    """The runner's ("data", "model") mesh.
-
-    Explicit: built by TPUModelRunner._create_2d_mesh itself, given the
-    device_indexes that Tunix passes. Auto: what make_optimized_mesh builds
-    (jax.make_mesh with Auto axes; it sorts the devices by their TPU
-    coordinates, which CPU devices do not have).
-    """
-    from tpu_inference.layers.common.sharding import ShardingConfigManager, ShardingStrategy
-    from tpu_inference.runner.tpu_runner import TPUModelRunner
-
-    data, model = shape
-    if axis_type == "auto":
-        return jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    device_indexes = list(range(data * model))
-    by_id = {d.id: d for d in jax.local_devices()}
-    runner = types.SimpleNamespace(
-        vllm_config=types.SimpleNamespace(
-            sharding_config=ShardingConfigManager(
-                ShardingStrategy(tensor_parallelism=model, data_parallelism=data), device_indexes=device_indexes
-            )
-        ),
-        devices=[by_id[i] for i in device_indexes],  # as TPUWorker.init_device picks them
-    )
-    mesh = TPUModelRunner._create_2d_mesh(runner)
-    assert mesh.axis_types == (AxisType.Explicit, AxisType.Explicit), mesh
-    return mesh
 
 
 def runner_like(mesh: jax.sharding.Mesh, rejection_sampler_cls) -> types.SimpleNamespace:
@@ -160,19 +123,12 @@ def runner_like(mesh: jax.sharding.Mesh, rejection_sampler_cls) -> types.SimpleN
 
 @pytest.fixture(scope="module")
 def upstream():
-    """The pin's sampling.py and rejection_sampler.py, wired to the pin's binary_search.py."""
-    bsearch = load_unpatched("tpu-inference", BSEARCH)
-    sampling = load_unpatched("tpu-inference", SAMPLING)
-    rejection = load_unpatched("tpu-inference", REJECTION)
-    for mod in (sampling, rejection):
-        mod.topk_mask, mod.topp_mask = bsearch.topk_mask, bsearch.topp_mask
-        assert "constrain_sharding" not in pathlib.Path(mod.__file__).read_text()
-    return types.SimpleNamespace(sampling=sampling, rejection=rejection)
+    return upstream_sampler()
 
 
 @pytest.fixture(scope="module")
 def overlay():
-    return types.SimpleNamespace(sampling=importlib.import_module(SAMPLING), rejection=importlib.import_module(REJECTION))
+    return overlay_sampler()
 
 
 def precompile(code, mesh) -> dict[str, BaseException | None]:
@@ -325,85 +281,3 @@ def test_precompile_passes(overlay, upstream, mesh_shape, axis_type):
 
 def _frames(error: BaseException):
     return traceback.extract_tb(error.__traceback__)
-
-
-# --------------------------------------------------------------------------
-# The rejection samplers (patch 0005) on real inputs.
-
-NUM_REQS = 8
-DRAFTS = 2  # per request: num_logits = 16, divisible by every data axis
-
-
-def rejection_inputs(mesh, vocab: int):
-    """Target logits sharded as the precompilation shards them, the rest
-    replicated, as `device_array` places it by default."""
-    rng = np.random.default_rng(20261130)
-    num_logits = NUM_REQS * DRAFTS
-    logits = (rng.normal(size=(num_logits, vocab)) * 3).astype(np.float32)
-    greedy = logits.argmax(-1)
-    # accept some drafts, reject others: request r takes the argmax for its
-    # first r % 3 drafts
-    draft = rng.integers(0, vocab, num_logits).astype(np.int32)
-    for r in range(NUM_REQS):
-        for j in range(min(r % 3, DRAFTS)):
-            draft[r * DRAFTS + j] = greedy[r * DRAFTS + j]
-    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
-    return dict(
-        draft_token_ids=put(draft, P(None)),
-        num_draft_tokens=put(np.full(NUM_REQS, DRAFTS, np.int32), P(None)),
-        draft_probs=None,
-        target_logits=put(logits, P("data", "model")),
-        bonus_token_ids=put(rng.integers(0, vocab, NUM_REQS).astype(np.int32), P(None)),
-    )
-
-
-def rejection_metadata(mesh, do_sampling: bool):
-    from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
-
-    put = lambda a: jax.device_put(a, NamedSharding(mesh, P(None)))  # noqa: E731
-    dummy = put(np.zeros((2,), np.int32))
-    if not do_sampling:
-        return TPUSupportedSamplingMetadata(_cache_collision_dummy=dummy, do_sampling=False)
-    return TPUSupportedSamplingMetadata(
-        temperature=put(np.array([0.7, 1.0, 1.3, 0.5, 1.0, 2.0, 0.9, 1.1], np.float32)),
-        top_k=put(np.array([5, 0, 3, 50, 1, 0, 10, 20], np.int32)),
-        top_p=put(np.array([0.9, 0.8, 1.0, 1.0, 0.5, 1.0, 0.95, 0.7], np.float32)),
-        _cache_collision_dummy=dummy,
-        do_sampling=True,
-    )
-
-
-def run_rejection(module, mesh, do_sampling: bool, lower: bool = False):
-    vocab = 1024
-    sampler = module.RejectionSampler(mesh)
-    args = rejection_inputs(mesh, vocab)
-    md = rejection_metadata(mesh, do_sampling)
-    key = jax.device_put(jax.random.key(7), NamedSharding(mesh, P()))
-    with jax.set_mesh(mesh):
-        if lower:
-            return sampler.forward.lower(sampler, **args, sampling_metadata=md, key=key).as_text()
-        out = sampler(**args, sampling_metadata=md, key=key)
-    return np.asarray(out)
-
-
-@mesh_ids
-def test_rejection_sampler_explicit_matches_auto(overlay, upstream, mesh_shape):
-    explicit, auto = runner_mesh(mesh_shape, "explicit"), runner_mesh(mesh_shape, "auto")
-    for do_sampling in (False, True):
-        what = "random" if do_sampling else "greedy"
-        with pytest.raises(ValueError, match=SHARD_MAP_SPECS):
-            run_rejection(upstream.rejection, explicit, do_sampling)
-        want = run_rejection(upstream.rejection, auto, do_sampling)
-        assert want.shape == (NUM_REQS * DRAFTS + NUM_REQS,)
-        np.testing.assert_array_equal(run_rejection(overlay.rejection, explicit, do_sampling), want, err_msg=what)
-        np.testing.assert_array_equal(run_rejection(overlay.rejection, auto, do_sampling), want, err_msg=what)
-        # Auto axes: the patched rejection sampler is upstream's program
-        assert run_rejection(overlay.rejection, auto, do_sampling, lower=True) == run_rejection(
-            upstream.rejection, auto, do_sampling, lower=True
-        ), what
-    if mesh_shape[0] == 1:
-        # one data shard: the greedy result is the single device's too
-        one = jax.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
-        np.testing.assert_array_equal(
-            run_rejection(overlay.rejection, explicit, False), run_rejection(overlay.rejection, one, False)
-        )

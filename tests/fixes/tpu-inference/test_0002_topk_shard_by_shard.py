@@ -13,8 +13,8 @@ unsharded on one device (which is upstream's code path): same top-k ids (ties
 across shard boundaries broken like `jax.lax.top_k`, lower index first), same
 ranks, logprobs equal to float rounding. The bytes moved by collectives are
 read from the compiled HLO, never timed. The 0001-only module ("reshard") is
-rebuilt from the installed file: upstream's file (unpatched.py) with the
-patches before 0002 applied again.
+rebuilt from the installed file: upstream's file (support/fixes/unpatched.py)
+with the patches before 0002 applied again.
 """
 
 from __future__ import annotations
@@ -22,21 +22,18 @@ from __future__ import annotations
 import functools
 import importlib
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-# --import-mode=importlib puts no test directory on sys.path.
-if str(pathlib.Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from logprobs_support import assert_same_result, collective_bytes, collective_shapes  # noqa: E402
-from matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K  # noqa: E402
-from unpatched import load_before  # noqa: E402
+from support.fixes.logprobs import assert_same_result, collective_bytes, collective_shapes
+from support.fixes.matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K
+from support.fixes.meshes import make_mesh
+from support.fixes.unpatched import load_before
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
 THIS_PATCH = "0002-"  # the series' patch under test, by its number
@@ -46,7 +43,6 @@ V = 512  # small, to keep the suite fast; a multiple of every shard count here
 B_REPORT, V_REPORT = 256, 128256  # a decode batch with the Llama 3 vocabulary
 # The vocab axis over one mesh axis (batch sharded too) and over two (batch replicated).
 LAYOUTS = {"model": P("data", "model"), "data+model": P(None, ("data", "model"))}
-AXIS_TYPE = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 
 
 # --------------------------------------------------------------------------
@@ -65,10 +61,6 @@ def reshard():
     assert "_gather_logprobs_vocab_sharded" not in vars(mod)
     assert "jax.sharding.reshard(" in pathlib.Path(mod.__file__).read_text()  # 0001 is there
     return mod
-
-
-def make_mesh(shape, axis_type="explicit"):
-    return jax.make_mesh(shape, ("data", "model"), axis_types=(AXIS_TYPE[axis_type],) * 2)
 
 
 def vocab_shards(mesh, spec: P) -> int:

@@ -10,34 +10,32 @@ rng counts:
   IndexError at `unstacked_cache[cache_key][layer_idx]`).
 
 Each bug is first reproduced on the upstream module (the installed file with
-the series reverse-applied, see unpatched.py) with the report's exact error,
+the series reverse-applied, see support/fixes/unpatched.py) with the report's exact error,
 then shown fixed in the installed, patched tunix. Every target is a real
 `nnx.State` of arrays sharded over the simulated 8-device mesh, and the
 transfer goes through Tunix's own `reshard_pytree`, as in MaxText's RL trainer.
+The same transfer under MaxText 0.2.4's run-time shims is checked last.
 """
 
 from __future__ import annotations
 
 import linecache
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from tunix.generate import utils as patched
+from tunix.rl import reshard
 
-_HERE = pathlib.Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:
-    sys.path.insert(0, str(_HERE))
-
-from matrix import AXIS_TYPES  # noqa: E402
-from tunix.generate import utils as patched  # noqa: E402
-from tunix.rl import reshard  # noqa: E402
-from unpatched import load_unpatched  # noqa: E402
+from support.fixes import maxtext_shims
+from support.fixes.matrix import AXIS_TYPES
+from support.fixes.meshes import make_mesh
+from support.fixes.unpatched import load_unpatched
 
 D, H, F = 8, 4, 16  # embed dim, head dim, mlp dim: tiny, the layer count matters
 SCAN_AXIS = 1  # transfer_state_directly's default, what MaxText uses
@@ -56,8 +54,7 @@ def upstream():
 @pytest.fixture(scope="module", params=AXIS_TYPES)
 def mesh(request):
     assert jax.device_count() == 8, "conftest should simulate 8 devices"
-    kind = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}[request.param]
-    return jax.make_mesh((2, 4), ("data", "model"), axis_types=(kind, kind))
+    return make_mesh((2, 4), request.param)
 
 
 def _put(mesh, value, *spec):
@@ -353,3 +350,50 @@ def test_unstack_scanned_param_positional(upstream):
     assert len(got) == len(want) == 80
     for g, x in zip(got, want):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(x))
+
+
+# --------------------------------------------------------------------------
+# Tunix transfer_state_directly under MaxText's shims, and the bf16 -> f32 cast.
+
+
+def test_tunix_transfer_under_maxtext_shims():
+    from tunix.generate import utils as tunix_utils
+
+    mesh = make_mesh((2, 4), "explicit")
+    out_kernel = ("attention", "out", "kernel")  # bf16 in the source, f32 in the target
+    for rng, layers in (("stacked", 80), ("scalar", 34)):
+        plain = _flat(_transfer(tunix_utils, _source(mesh, layers, rng=rng), _target(mesh, layers)))
+        with maxtext_shims.maxtext_shims():
+            shimmed = _flat(_transfer(tunix_utils, _source(mesh, layers, rng=rng), _target(mesh, layers)))
+        assert plain.keys() == shimmed.keys()
+        for path in plain:
+            a, b = plain[path], shimmed[path]
+            if path[-3:] == out_kernel:
+                # Tunix casts to the target's dtype; MaxText's shim keeps bf16.
+                assert a.dtype == jnp.float32 and b.dtype == jnp.bfloat16, path
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b.astype(jnp.float32)))
+            else:
+                assert a.dtype == b.dtype and a.shape == b.shape, path
+                np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+        assert int(plain[_layer_path(layers - 1, RNG)]) == int(shimmed[_layer_path(layers - 1, RNG)])
+
+
+def test_tpu_inference_params_take_the_model_dtype():
+    """Why the bf16 -> f32 skip is not needed at the pin: tpu-inference's JAX layers
+    create their weights in the dtype they are given (upstream 56f7404d0), so a
+    bf16 model has bf16 targets and Tunix's cast is a no-op for them."""
+    from flax import nnx
+    from tpu_inference.layers.jax.embed import JaxEmbed
+    from tpu_inference.layers.jax.linear import JaxEinsum, JaxLinear
+    from tpu_inference.layers.jax.norm import JaxRmsNorm
+
+    rngs = nnx.Rngs(0)
+    layers = {
+        "JaxEinsum": JaxEinsum("TD,DF->TF", (8, 16), rngs=rngs, dtype=jnp.bfloat16),
+        "JaxLinear": JaxLinear(8, 16, rngs=rngs, dtype=jnp.bfloat16),
+        "JaxEmbed": JaxEmbed(num_embeddings=32, features=8, rngs=rngs, dtype=jnp.bfloat16),
+        "JaxRmsNorm": JaxRmsNorm(8, rngs=rngs, dtype=jnp.bfloat16),
+    }
+    for name, layer in layers.items():
+        dtypes = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(layer, nnx.Param))}
+        assert dtypes == {jnp.dtype(jnp.bfloat16)}, (name, dtypes)

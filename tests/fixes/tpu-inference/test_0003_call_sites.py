@@ -14,9 +14,9 @@ Sites (the installed files, `grep -n constrain_sharding`):
   (both reached through `process_quantized_moe_weights`, the entry point the
   fp8/nvfp4/w4a8 MoE loaders call).
 
-For each, as in test_tpu_inference_sample.py::test_layers_call_sites_explicit:
+For each, as in test_0003_sample.py::test_layers_call_sites_explicit:
 the upstream module (the installed file with the series reverse-applied, see
-unpatched.py) fails under Explicit axes with `with_sharding_constraint`'s
+support/fixes/unpatched.py) fails under Explicit axes with `with_sharding_constraint`'s
 AssertionError, raised from that very function; the INSTALLED code runs under
 Explicit axes, gives the numbers it gives under Auto axes, and under Auto axes
 the very numbers upstream gives. Every input is sharded so that each
@@ -37,32 +37,24 @@ import contextlib
 import importlib
 import pathlib
 import re
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-if str(pathlib.Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import maxtext_shims  # noqa: E402
-from matrix import MESHES  # noqa: E402
-from unpatched import load_unpatched  # noqa: E402
+from support.fixes import maxtext_shims
+from support.fixes.matrix import MESHES
+from support.fixes.meshes import WSC_ASSERT, make_mesh
+from support.fixes.unpatched import load_unpatched
 
 LINEAR = "tpu_inference.layers.common.linear"
 DENSE_MOE = "tpu_inference.layers.jax.moe.dense_moe"
 MOE = "tpu_inference.layers.jax.moe.moe"
 MOE_WEIGHTS = "tpu_inference.layers.common.process_weights.moe_weights"
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
-AXIS_TYPE = {"explicit": AxisType.Explicit, "auto": AxisType.Auto}
 MESH = (2, 4)  # data x model: both axes > 1, so every target spec moves data
-
-
-def make_mesh(shape, axis_type):
-    return jax.make_mesh(shape, ("data", "model"), axis_types=(AXIS_TYPE[axis_type],) * 2)
 
 
 def rand(seed, shape, scale=1.0):

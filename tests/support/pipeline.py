@@ -1,5 +1,6 @@
-"""Helpers of the build-pipeline tests: run the real tool on a project copy,
-and make upstream-like trees and git repositories of the stand-in sdists."""
+"""Helpers of the build-pipeline tests (tests/pipeline, tool venv): run the real
+tool on a project copy, and make upstream-like trees and git repositories of
+the stand-in sdists."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import tarfile
 
 from maxtext_rl_overlay.pins import load_project, set_pin_values
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
 PROJECT = load_project(ROOT)
 ALL = ",".join(PROJECT.pins)  # every upstream, vLLM included
 GIT_ENV = {

@@ -1,7 +1,7 @@
 """vLLM's engine start on the installed stack, as Tunix's rollout configures it:
 how far it gets, upstream and with the overlay.
 
-engine_start.py (run in a process of its own) starts `vllm.LLM` with a tiny
+support/fixes/engine_start.py (run in a process of its own) starts `vllm.LLM` with a tiny
 randomly initialised Llama (`load_format="dummy"`), tensor parallelism over
 the 8 devices and the `device_indexes` Tunix always passes, so the runner's
 mesh is ("data": 1, "model": 8) with Explicit axes. It records every
@@ -26,7 +26,7 @@ compilation the compilation manager makes and where the engine stopped.
   ragged_paged_attention (under Auto axes the CPU stops there, "Unsupported
   TPU device kind: cpu").
 
-On the CPU simulation engine_start.py stands in for the devices' memory
+On the CPU simulation, engine_start.py stands in for the devices' memory
 statistics, which CPU devices do not have (see its docstring).
 """
 
@@ -34,23 +34,19 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
 
+from support import TESTS
+from support.fixes import maxtext_shims
+from support.fixes.matrix import PLATFORM
+from support.fixes.meshes import WSC_ASSERT
 
-if str(pathlib.Path(__file__).parent) not in sys.path:
-    sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import maxtext_shims  # noqa: E402
-from matrix import PLATFORM  # noqa: E402
-
-HERE = pathlib.Path(__file__).resolve().parent
 REPORT = (
     "The input should be unsharded over the axis along which to compute the top_k values. "
     "Got input type=float32[8@data,1024@model] and axis=1"
 )
-WSC_ASSERT = "acts as an assert when all axes of mesh are of type `Explicit`"
 EMBED_GATHER = "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"
 SAMPLER_COMPILATIONS = [
     ("sample", {"num_reqs": "8", "do_sampling": "True", "logprobs": "True"}),
@@ -63,9 +59,12 @@ SAMPLER_COMPILATIONS = [
 
 def start_engine(tmp_path, *args) -> dict:
     out = tmp_path / "result.json"
-    env = dict(os.environ, MRL_PLATFORM=PLATFORM)
+    # tests/ on the child's import path, as pytest's `pythonpath` puts it on this
+    # process's: the script imports the support package.
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, MRL_PLATFORM=PLATFORM, PYTHONPATH=path)
     proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_start.py"), str(out), *args],
+        [sys.executable, "-m", "support.fixes.engine_start", str(out), *args],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1200,
     )
     assert proc.returncode == 0 and out.is_file(), f"engine_start.py failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"

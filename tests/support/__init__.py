@@ -1,0 +1,19 @@
+"""Helpers of the test suites, one module (or subpackage) per suite.
+
+Importable as `support` because pyproject.toml's [tool.pytest.ini_options]
+`pythonpath` puts tests/ on sys.path for every pytest run (the tool venv's
+and the matrix's); no test or conftest edits sys.path.
+
+- support.pipeline: the build-pipeline tests, tests/pipeline (tool venv).
+- support.fixes: the patched-behaviour suite, tests/fixes (matrix venvs: it
+  imports jax and the installed overlay wheels).
+
+tests/unit keeps its helper beside it (unit/unit_support.py): see there why.
+"""
+
+import pathlib
+
+#: tests/ and the project root, for the suites that read the project's files
+#: (patches/, pyproject.toml) or start a process that imports this package.
+TESTS = pathlib.Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent

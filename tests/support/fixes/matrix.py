@@ -1,0 +1,47 @@
+"""The test matrix, declared once in pyproject.toml and read here.
+
+`scripts/test-matrix.sh` and pytest parametrization read the same table
+([tool.maxtext-rl-overlay.matrix]) through the tool's own loader, which
+validates it; MRL_QUICK=1 selects its `quick` subset.
+
+No jax here: tests/fixes/conftest.py and engine_start.py import this module
+to set up the CPU simulation before jax is first imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.testmatrix import DEVICES, load_matrix
+
+from support import ROOT
+
+#: Where the suite runs (scripts/test-matrix.sh --platform): "cpu" simulates
+#: the 8 chips of a TPU v6e-8, "tpu" is a real one.
+PLATFORM = os.environ.get("MRL_PLATFORM", "cpu")
+
+_PROJECT = load_project(ROOT)
+MATRIX = load_matrix(_PROJECT.config, where=str(ROOT / "pyproject.toml"), quick=os.environ.get("MRL_QUICK") == "1")
+# Lists, as the tests index, slice and extend them.
+MESHES: list[tuple[int, int]] = list(MATRIX.meshes)
+AXIS_TYPES: list[str] = list(MATRIX.axis_types)
+TOP_K: list[int] = list(MATRIX.k)
+DTYPES: list[str] = list(MATRIX.dtypes)
+
+
+def simulate_v6e_8() -> None:
+    """On the CPU platform, the environment that makes jax see the 8 chips of
+    a TPU v6e-8 as 8 host devices; a no-op on a real TPU. Must run before jax
+    is first imported (the device count is read once)."""
+    if PLATFORM != "cpu":
+        return
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={DEVICES}").strip()
+    # tpu_inference asks the GCE metadata server for these at import time and
+    # logs errors when it cannot; on a TPU VM the real values are set.
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
+    os.environ.setdefault("TPU_NAME", "local")
+    os.environ.setdefault("TPU_WORKER_ID", "0")
