@@ -12,4 +12,5 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${1:-${MRL_BENCH_PYTHON:-$root/build/test-matrix/cells/py312/venv/bin/python}}
 [ -x "$python" ] || { echo "bench-logprobs: no python at $python (give a venv's python)" >&2; exit 2; }
-exec "$python" "$root/tests/bench/bench_logprobs.py"
+# The suite's helpers (tests/support) are imported as pytest imports them.
+PYTHONPATH="$root/tests${PYTHONPATH:+:$PYTHONPATH}" exec "$python" "$root/tests/bench/bench_logprobs.py"

@@ -38,9 +38,7 @@ for _key, _value in (("TPU_ACCELERATOR_TYPE", "v6e-8"), ("TPU_NAME", "local"), (
     os.environ.setdefault(_key, _value)
 
 import importlib  # noqa: E402
-import pathlib  # noqa: E402
 import statistics  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -48,10 +46,8 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "fixes"))
-from logprobs_support import collective_bytes  # noqa: E402
-from unpatched import load_before  # noqa: E402
+from support.fixes.logprobs import collective_bytes  # noqa: E402  (tests/ on PYTHONPATH: scripts/bench-logprobs.sh)
+from support.fixes.unpatched import load_before  # noqa: E402
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
 THIS_PATCH = "0002-"

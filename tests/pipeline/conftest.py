@@ -10,8 +10,8 @@ import pathlib
 import shutil
 
 import pytest
-import standins  # tests/standins.py: tests/ is on sys.path (pyproject's pythonpath)
 
+import standins  # tests/standins.py: tests/ is on sys.path (pyproject's pythonpath)
 from support.pipeline import ALL, ROOT, build_standins
 
 

@@ -14,6 +14,7 @@ import time
 import urllib.parse
 
 import pytest
+
 from support.pipeline import (
     ALL,
     PROJECT,
@@ -115,7 +116,8 @@ def test_install_with_constraints_then_verify(built, tmp_path):
         assert verify().returncode == 0
 
         # The unpatched upstream release, under the same name.
-        subprocess.run(["uv", "pip", "install", "-q", "-p", str(py), "--no-deps", "--reinstall-package", "tpu-inference", "tpu-inference==0.25.0.dev20260728"], check=True, env=env)
+        subprocess.run(["uv", "pip", "install", "-q", "-p", str(py), "--no-deps", "--reinstall-package", "tpu-inference",
+                        "tpu-inference==0.25.0.dev20260728"], check=True, env=env)
         upstream = verify()
         assert upstream.returncode == 1
         rows = [line for line in upstream.stdout.splitlines() if line.startswith("tpu-inference") and "DIFFERS" in line]
@@ -204,7 +206,8 @@ def test_pinned_git_source_and_wrong_tree_id(previous, project, standin, cache_d
     repo = unpack(standin["tpu-inference"], tmp_path / "src")
     commit, tree, date = git_repo_of(repo)
     set_pin(project, "tpu-inference", commit=commit, tree="0" * 40, date=date)
-    args = ["build", "--torch-standin", "--only", "tpu-inference", "--source", f"tpu-inference={repo}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
+    args = ["build", "--torch-standin", "--only", "tpu-inference", "--source", f"tpu-inference={repo}", "--out", str(out),
+            "--constraints", str(out.parent / "constraints.txt")]
     proc = run_tool(project, *args, cache=cache_dir)
     _fails_cleanly(proc, out, before, "tpu-inference", commit, f"has tree {tree}", "0" * 40)
 
@@ -220,7 +223,8 @@ def test_missing_source(previous, project, cache_dir, tmp_path):
     the pin and the flag to use."""
     out, before = previous
     set_pin(project, "tpu-inference", repository=(tmp_path / "nowhere").as_uri())
-    proc = run_tool(project, "build", "--torch-standin", "--only", "tpu-inference", "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
+    proc = run_tool(project, "build", "--torch-standin", "--only", "tpu-inference", "--out", str(out),
+                    "--constraints", str(out.parent / "constraints.txt"), cache=cache_dir)
     _fails_cleanly(proc, out, before, "tpu-inference: cannot reach", "7ecc401e6faefe3f793f3e4a8e6e2dbc49eca868", "--source tpu-inference=PATH")
 
 

@@ -6,7 +6,8 @@ constraints.txt); a changed tree is built again."""
 from __future__ import annotations
 
 import pytest
-from pipeline_support import build_standins
+
+from support.pipeline import build_standins
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ import uuid
 import zipfile
 
 import pytest
-from support.pipeline import ALL, ROOT, build_standins
 
 from maxtext_rl_overlay import publish
+from support.pipeline import ALL, ROOT, build_standins
 
 pytestmark = pytest.mark.slow
 

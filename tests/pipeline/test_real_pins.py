@@ -10,6 +10,7 @@ import os
 import re
 
 import pytest
+
 import standins
 from support.pipeline import ROOT, run_tool
 

@@ -14,10 +14,10 @@ import tempfile
 import zipfile
 
 import pytest
-import standins
-from support.pipeline import ALL, PROJECT, build_standins, unpack
 
+import standins
 from maxtext_rl_overlay import registry
+from support.pipeline import ALL, PROJECT, build_standins, unpack
 
 pytestmark = pytest.mark.slow
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import pathlib
 import shutil
-import sys
 
 import pytest
 
-# --import-mode=importlib puts no test folder on sys.path; the helpers live here.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import rebase_support  # noqa: E402
+from support import rebase as rebase_support
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pathlib
 import tomllib
 
 from maxtext_rl_overlay import patchfile
-from rebase_support import (
+from support.rebase import (
     ROOT,
     commit_all,
     git,

@@ -11,8 +11,8 @@ import sys
 import tarfile
 
 from maxtext_rl_overlay.pins import load_project, set_pin_values
-
 from support import ROOT
+
 PROJECT = load_project(ROOT)
 ALL = ",".join(PROJECT.pins)  # every upstream, vLLM included
 GIT_ENV = {

@@ -11,11 +11,11 @@ import pathlib
 import stat
 
 import pytest
-from unit_support import fake_wheel
 
 from maxtext_rl_overlay import publish, registry
 from maxtext_rl_overlay.environment import Environment, Torch
 from maxtext_rl_overlay.errors import OverlayError
+from unit.unit_support import fake_wheel
 
 CLOSURE = (
     "jax==0.8.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"

@@ -4,8 +4,8 @@ a folder built for a URL that the test matrix installs from."""
 
 from __future__ import annotations
 
-
 import pytest
+
 from maxtext_rl_overlay import publish
 from maxtext_rl_overlay.errors import OverlayError
 from unit.unit_support import fake_wheel

@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 
 import pytest
+
 from maxtext_rl_overlay import gittree
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.patching import apply_series

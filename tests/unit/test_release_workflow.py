@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 import yaml
+
 from maxtext_rl_overlay import publish
 from unit.unit_support import fake_wheel
 
@@ -106,7 +107,8 @@ def test_publishes_only_after_the_matrix_succeeded():
     cmd = _command(job, "scripts/publish-pages.sh")
     assert cmd[cmd.index("--tag") + 1] == "$GITHUB_REF_NAME" and "--push" in cmd
     steps = [s.get("uses", s.get("run", "")).split("@")[0] for s in job["steps"]]
-    order = [next(i for i, s in enumerate(steps) if s.startswith(k)) for k in ("scripts/publish-pages.sh", "actions/upload-pages-artifact", "actions/deploy-pages")]
+    order = [next(i for i, s in enumerate(steps) if s.startswith(k))
+             for k in ("scripts/publish-pages.sh", "actions/upload-pages-artifact", "actions/deploy-pages")]
     assert order == sorted(order)
     site = cmd[cmd.index("--site") + 1]
     (upload,) = [s["with"] for s in job["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact")]

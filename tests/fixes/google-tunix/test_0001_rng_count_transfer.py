@@ -328,7 +328,7 @@ def test_bulk_align_and_unstack_positional(upstream, mesh):
     want = upstream._bulk_align_and_unstack(kv, SCAN_AXIS, tgt, "attention.key.kernel")
     got = patched._bulk_align_and_unstack(kv, SCAN_AXIS, tgt, "attention.key.kernel")
     assert len(got) == len(want) == 80
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape == (D, 4, H) and g.dtype == w.dtype
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
@@ -348,7 +348,7 @@ def test_unstack_scanned_param_positional(upstream):
     want = upstream._unstack_scanned_param(w, jnp.zeros((D, F)), "w", SCAN_AXIS)
     got = patched._unstack_scanned_param(w, jnp.zeros((D, F)), "w", SCAN_AXIS)
     assert len(got) == len(want) == 80
-    for g, x in zip(got, want):
+    for g, x in zip(got, want, strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(x))
 
 

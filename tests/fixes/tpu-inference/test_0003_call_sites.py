@@ -385,7 +385,7 @@ WSC_EXPLICIT_SPEC = "The spec of NamedSharding passed to with_sharding_constrain
 def test_moe_weights_call_site_without_mesh_context(modules, monkeypatch):
     patched, upstream = modules[MOE_WEIGHTS]
     for requantize, site in ((False, "_process_moe_weights_no_requant"), (True, "_process_quantized_moe_weights_impl")):
-        assert_upstream_fails(lambda m: _moe_weights_outputs(upstream, m, requantize, monkeypatch, set_mesh=False),
+        assert_upstream_fails(lambda m, rq=requantize: _moe_weights_outputs(upstream, m, rq, monkeypatch, set_mesh=False),
                               MESH, MOE_WEIGHTS, "process_quantized_moe_weights", site,
                               exc=ValueError, match=WSC_EXPLICIT_SPEC)
     # the patched code: the same numbers as with the mesh set, Explicit or Auto

@@ -37,12 +37,12 @@ from support.fixes import maxtext_shims
 from support.fixes.matrix import AXIS_TYPES, MESHES
 from support.fixes.meshes import WSC_ASSERT, make_mesh
 from support.fixes.sampling import (
-    B,
     BSEARCH,
     SAMPLING,
     SELECT_ERROR,
     TOP_K,
     TOP_P,
+    B,
     host_logits,
     metadata,
     run_sample,
@@ -169,7 +169,7 @@ def test_under_maxtext_shims(patched, axis_type):
         with jax.set_mesh(mesh):
             shimmed_lp = patched.compute_and_gather_logprobs(x, tokens_in, 5)
     jax.clear_caches()
-    for (t0, l0), (t1, l1) in zip(plain, shimmed):
+    for (t0, l0), (t1, l1) in zip(plain, shimmed, strict=True):
         np.testing.assert_array_equal(t0, t1)
         np.testing.assert_array_equal(l0, l1)
     for name in ("logprob_token_ids", "logprobs", "selected_token_ranks"):

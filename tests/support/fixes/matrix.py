@@ -14,7 +14,6 @@ import os
 
 from maxtext_rl_overlay.pins import load_project
 from maxtext_rl_overlay.testmatrix import DEVICES, load_matrix
-
 from support import ROOT
 
 #: Where the suite runs (scripts/test-matrix.sh --platform): "cpu" simulates

@@ -22,7 +22,6 @@ import types
 
 from maxtext_rl_overlay import patchfile
 from maxtext_rl_overlay.pins import read_series
-
 from support import ROOT
 
 PATCHES = ROOT / "patches"

@@ -15,9 +15,9 @@ import tempfile
 import tomllib
 
 from maxtext_rl_overlay.pins import set_pin_values
+from support import ROOT, TESTS
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DRIFT = pathlib.Path(__file__).with_name("drift.toml")
+DRIFT = TESTS / "rebase" / "drift.toml"
 IDENT = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "u@u",
          "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 #: What a project copy holds: enough to run the tool and its fast tests.
