@@ -250,9 +250,11 @@ def test_patch_outside_series_and_missing_trailer(previous, project, standin, ca
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_build_publishes_nothing(previous, project, standin, cache_dir, sig):
+def test_interrupted_build_publishes_nothing(previous, project, standin, tmp_path, sig):
     out, before = previous
-    env = dict(os.environ, MRL_CACHE_DIR=str(cache_dir), UV_PYTHON_DOWNLOADS="never")
+    # A cache of its own: in the shared one the wheels are kept, and the build
+    # would reuse them instead of running the build it is to be stopped in.
+    env = dict(os.environ, MRL_CACHE_DIR=str(tmp_path / "cold-cache"), UV_PYTHON_DOWNLOADS="never")
     args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--unpinned", "--torch-standin", "--only", "google-tunix,tpu-inference",
             "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), "--project", str(project)]
     for name in ("google-tunix", "tpu-inference"):
