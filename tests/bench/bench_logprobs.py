@@ -13,7 +13,7 @@ RUNS runs after WARMUP) for:
 
   patched   the installed module (0001 + 0002: shard-local top-k)
   reshard   0001 only: upstream's file rebuilt from the installed one
-            (tests/fixes/unpatched.py) with the patches before 0002 applied
+            (tests/support/fixes/unpatched.py) with the patches before 0002 applied
   single    the installed module on one device, unsharded inputs
 
 and the bytes the collectives yield, summed over the compiled HLO's
