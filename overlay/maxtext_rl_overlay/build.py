@@ -125,7 +125,7 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
         version = wheels.wheel_version(source.upstream_version or pin.version, f"{project.local_label}.unpinned.{source.tree[:8]}")
     with tempfile.TemporaryDirectory(prefix=f"mrl-{pin.distribution}-") as tmp:
         tree = pathlib.Path(tmp) / "tree"
-        applied = apply_series(pin, source, tree, engine=opts.engine)
+        applied = apply_series(pin, source, tree, engine=opts.engine, cache=cache)
         if not pin.series:
             step.note(pin.distribution, "empty series: nothing to apply")
         wheels.set_static_version(tree, version)

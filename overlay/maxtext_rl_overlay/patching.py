@@ -11,13 +11,15 @@ tree only the exact hunks (no fuzz) can be checked, and the result says so.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import shutil
 import tempfile
 from typing import Any, Literal, get_args
 
-from . import gittree, patchfile
+from . import buildcache, gittree, patchfile
+from .digest import sha256_file
 from .errors import OverlayError
 from .git import git
 from .patchfile import ZERO, PatchFile
@@ -30,6 +32,8 @@ from .staging import staged_dir
 #: The two ways of applying a series; they must give the same answers.
 Engine = Literal["git", "patch-ng"]
 ENGINES: tuple[Engine, ...] = get_args(Engine)
+#: Bumped when what a kept patched tree's record says changes.
+PATCHED_CACHE_FORMAT = 1
 # The private repository's commits are thrown away with it: a fixed date
 # keeps even their ids the same from run to run.
 _DATES = {"GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
@@ -48,8 +52,13 @@ def default_engine() -> Engine:
     return "git" if shutil.which("git") else "patch-ng"
 
 
-def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine | None = None) -> list[AppliedPatch]:
-    """Copy `source` to `dest` (which must not exist) with the series applied."""
+def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine | None = None,
+                 cache: pathlib.Path | None = None) -> list[AppliedPatch]:
+    """Copy `source` to `dest` (which must not exist) with the series applied.
+
+    With `cache`, the patched tree is kept, keyed by the source's tree id,
+    each patch file's bytes, the engine and the tool's code, and a later call
+    with the same inputs copies it instead of patching again."""
     engine = engine or default_engine()
     if engine not in ENGINES:
         raise OverlayError(f"unknown patch engine {engine!r}; choose from {', '.join(ENGINES)}.")
@@ -59,6 +68,18 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine
     problems = [problem for p in patches for problem in patchfile.lint(p)]
     if problems:
         raise OverlayError("the series does not pass the patch lint:\n  " + "\n  ".join(problems))
+    inputs = _patched_inputs(pin, source, engine) if cache is not None and patches else None
+    if cache is not None and inputs is not None:
+        kept = _kept_tree(cache, pin, inputs, dest)
+        if kept is not None:
+            return kept
+    applied = _apply(pin, source, dest, patches, engine)
+    if cache is not None and inputs is not None:
+        _keep_tree(cache, pin, inputs, dest, applied)
+    return applied
+
+
+def _apply(pin: Pin, source: Source, dest: pathlib.Path, patches: list[PatchFile], engine: Engine) -> list[AppliedPatch]:
     check_blobs = source.from_pin
     with staged_dir(dest) as work:
         shutil.copytree(source.path, work, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
@@ -89,6 +110,66 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine
             )
         shutil.rmtree(work / ".git", ignore_errors=True)
     return applied
+
+
+class _DamagedEntry(Exception):
+    """A kept tree that is not the tree its record names: its copy is discarded."""
+
+
+def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
+    return {
+        "format": PATCHED_CACHE_FORMAT,
+        "distribution": pin.distribution,
+        "source": source.tree,
+        "from_pin": source.from_pin,  # what is checked: blob ids, or exact hunks only
+        "series": [(p.name, sha256_file(p)) for p in pin.series],
+        "engine": engine,
+        "tool": buildcache.tool_digest(),
+    }
+
+
+def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[AppliedPatch] | None:
+    """The series' outcome, with the patched tree copied to `dest`, when a
+    whole one is kept for these inputs (its git tree id checked); else None."""
+    key = buildcache.key(inputs)
+    entry = cache / "patched" / f"{pin.distribution}-{key}"
+    try:
+        record = json.loads((entry / "record.json").read_text())
+        applied = [AppliedPatch(p["name"], p["subject"], p["upstream_status"], p["blobs_checked"], tuple(p["files"]))
+                   for p in record["applied"]]
+        whole = record["key"] == key and (entry / "tree").is_dir()
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        whole = False
+    if whole:
+        try:
+            with staged_dir(dest) as work:
+                shutil.copytree(entry / "tree", work, symlinks=True, dirs_exist_ok=True)
+                if gittree.tree_id(work) != record["tree"]:
+                    raise _DamagedEntry
+        except _DamagedEntry:
+            whole = False
+    if not whole:
+        step.note(pin.distribution, f"ignoring a damaged kept patched tree {key[:12]}: patching afresh")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    step.note(pin.distribution, f"source {inputs['source'][:12]} and series unchanged: reusing the patched tree "
+                                f"{record['tree'][:12]} ({len(applied)} patch(es) applied when it was kept as {key[:12]})")
+    return applied
+
+
+def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: pathlib.Path, applied: list[AppliedPatch]) -> None:
+    key = buildcache.key(inputs)
+    entry = cache / "patched" / f"{pin.distribution}-{key}"
+    shutil.rmtree(entry, ignore_errors=True)
+    record = {"key": key, "tree": gittree.tree_id(tree), "inputs": inputs, "applied": [dataclasses.asdict(a) for a in applied]}
+    try:
+        with staged_dir(entry) as staged:
+            shutil.copytree(tree, staged / "tree", symlinks=True)
+            (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    except OSError as exc:  # a concurrent build kept it first, or the cache is full: the result stands
+        step.note(pin.distribution, f"the patched tree was not kept for reuse ({exc})")
 
 
 def _blob_of(work: pathlib.Path, relpath: str) -> str:

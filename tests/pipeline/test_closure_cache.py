@@ -1,7 +1,7 @@
 """A warm rebuild with unchanged inputs reuses the cached closure resolution,
-the cached MaxText release and the wheels kept by their trees, and publishes
-byte for byte what the cold build did (the wheels' SHA256SUMS and
-constraints.txt); a changed tree is built again."""
+the cached MaxText release, the patched trees and the wheels kept by their
+inputs, and publishes byte for byte what the cold build did (the wheels'
+SHA256SUMS and constraints.txt); a changed input is built again."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ def test_warm_rebuild_reuses_the_closure_byte_for_byte(tmp_path, standin, projec
     assert "closure unchanged: reusing the resolution of" in warm.stderr, warm.stderr
     assert "resolving the closure" not in warm.stderr
     assert "downloading maxtext" not in warm.stderr
-    # Every wheel (the two upstreams, MaxText's adapter, the overlay) kept by its tree: none built again.
+    # The patched trees kept by their inputs (nothing applied again), and every
+    # wheel (the two upstreams, MaxText's adapter, the overlay) by its tree: none built again.
+    assert warm.stderr.count("series unchanged: reusing the patched tree") == 2, warm.stderr
+    assert "applying 0001" not in warm.stderr
     assert warm.stderr.count("unchanged: reusing the wheel") == 4, warm.stderr
     assert "building the wheel" not in warm.stderr
     for name in ("dist/SHA256SUMS", "constraints.txt"):
@@ -39,5 +42,6 @@ def test_a_changed_tree_is_built_again(tmp_path, standin, project):
     # records the patch file's sha256, so the overlay wheel is built again.
     patch.write_text(patch.read_text().replace("\n\n", "\n\nReworded.\n\n", 1))
     again = build_standins(project, tmp_path / "two" / "dist", standin, cache, only="google-tunix")
+    assert "[google-tunix] applying 0001" in again.stderr  # another patch file: patched again
     assert "[google-tunix] tree " in again.stderr and "[google-tunix] building the wheel" not in again.stderr, again.stderr
     assert "[maxtext-rl-overlay] building the wheel" in again.stderr
