@@ -15,12 +15,12 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import types
 
 from maxtext_rl_overlay import patchfile
+from maxtext_rl_overlay.git import git
 from maxtext_rl_overlay.pins import read_series
 from support import ROOT
 
@@ -53,12 +53,7 @@ def unpatched_source(distribution: str, module: str) -> str:
         target.parent.mkdir(parents=True)
         shutil.copyfile(installed, target)
         for patch in reversed(patches):
-            proc = subprocess.run(
-                ["git", "apply", "-R", "--include", relpath, str(patch)],
-                cwd=work,
-                capture_output=True,
-                text=True,
-            )
+            proc = git("apply", "-R", "--include", relpath, str(patch), cwd=work, check=False)
             if proc.returncode != 0:
                 raise RuntimeError(
                     f"{installed} does not carry {patch.name} exactly "
@@ -83,7 +78,7 @@ def source_before(distribution: str, module: str, patch_prefix: str) -> str:
         target.write_text(unpatched_source(distribution, module))
         for patch in patches[:stop]:
             if relpath in _touched(patch):
-                subprocess.run(["git", "apply", "--include", relpath, str(patch)], cwd=tmp, check=True, capture_output=True)
+                git("apply", "--include", relpath, str(patch), cwd=pathlib.Path(tmp), what=f"git apply {patch.name} to {relpath}")
         return target.read_text()
 
 
