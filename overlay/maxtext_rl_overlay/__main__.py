@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import enum
 import pathlib
-import signal
 import sys
 
-from . import __version__, proc
+from . import __version__, interrupts, proc
 from .errors import OverlayError
 
 DESCRIPTION = """\
@@ -46,7 +45,8 @@ exit status:
        or the rebase's fast tests failed, or a rebase stopped at a conflict
   {ExitCode.USAGE:<3}  the command line was wrong
   {ExitCode.ERROR:<3}  the command could not do its work (the message says why and what to do)
-  {ExitCode.INTERRUPTED:<3}  interrupted (nothing was published; staging folders removed)
+  {ExitCode.INTERRUPTED:<3}  interrupted (SIGINT, SIGTERM): the programs it ran stopped, staging folders
+       removed, nothing published (or, if it came while publishing, all of it: the message says)
 """
 
 
@@ -165,10 +165,6 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
     return ExitCode.CHECK_FAILED if report.needs_action else ExitCode.OK
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def _parser() -> argparse.ArgumentParser:
     from .patching import ENGINES
     from .pins import DISTRIBUTIONS
@@ -247,16 +243,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    proc.set_verbose(args.verbose)
-    # A terminated build must clean up like an interrupted one: every stage
-    # removes its staging folder on the way out.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Before anything else: a terminated run must clean up like an
+    # interrupted one (every stage removes its staging folder on the way
+    # out), and no signal may go unseen.
+    with interrupts.installed():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     try:
-        return int(args.func(args))
+        args = _parser().parse_args(argv)
+        proc.set_verbose(args.verbose)
+        code = int(args.func(args))
+        interrupts.check()  # one that came during the last cleanup
+        return code
     except OverlayError as exc:
         print(f"maxtext-rl-overlay: error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
+    except interrupts.Interrupted:
+        print("maxtext-rl-overlay: interrupted while publishing; the new build was published whole.", file=sys.stderr)
+        return ExitCode.INTERRUPTED
     except KeyboardInterrupt:
         print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
         return ExitCode.INTERRUPTED

@@ -13,18 +13,17 @@ import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildenv, environment, manifest, patchfile, publish, sources, tomledit, wheels
+from . import buildenv, environment, interrupts, manifest, patchfile, publish, sources, tomledit, wheels
 from .digest import sha256_file
 from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
-from .staging import staged_dir, write_atomically
+from .staging import scratch_dir, staged_dir, write_atomically
 
 
 @dataclasses.dataclass
@@ -67,38 +66,41 @@ def build(opts: BuildOptions) -> BuildResult:
     env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
     # Everything is made in a staging folder beside `out` and moved into place
     # at the end (0755: a web server may run as another user); constraints.txt
-    # is written only once the index is in place.
-    with staged_dir(out, replace=True, mode=0o755) as staging:
-        entries: dict[str, manifest.Distribution] = {}
-        for pin in chosen:
-            entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
-        not_built = [p for p in project.pins if p not in entries]
-        if not_built:
-            step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` will say the stack does not import")
-        adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
-        record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter))
-        overlay_wheel = _build_overlay(project, record, adapter, staging, opts.python, cache)
-        sums = publish.write_index(staging)
-        publish.write_simple(staging, sums)
-        find_links = _relative(out, constraints_path.parent)
-        requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
-        closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache)
-        standins = [n for n, e in entries.items() if not e.from_pin]
-        notes = [
-            "Built from the pins in patches/*/pin.toml." if not standins
-            else "NOT built from the pins: stand-in sources for " + ", ".join(standins) + " (see verify).",
-            env.torch.describe() + ".",
-        ]
-        if env.overrides:
-            (staging / publish.STANDIN_OVERRIDES).write_text(publish.overrides_text(env))
-        # The index carries its own copy (find-links ".", which uv resolves
-        # against the file's own folder or URL) so that the folder alone is a
-        # complete release, on disk or served as it is over HTTP:
-        # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
-        # With --base-url it names the index by that URL instead.
-        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or ""))
-        text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env)
-    write_atomically(constraints_path, text)
+    # is written only once the index is in place, and an interrupt waits
+    # from the start of that publication to its end (both or neither).
+    with interrupts.publication() as publishing:
+        with staged_dir(out, replace=True, mode=0o755) as staging:
+            entries: dict[str, manifest.Distribution] = {}
+            for pin in chosen:
+                entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
+            not_built = [p for p in project.pins if p not in entries]
+            if not_built:
+                step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` will say the stack does not import")
+            adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
+            record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter))
+            overlay_wheel = _build_overlay(project, record, adapter, staging, opts.python, cache)
+            sums = publish.write_index(staging)
+            publish.write_simple(staging, sums)
+            find_links = _relative(out, constraints_path.parent)
+            requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
+            closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache)
+            standins = [n for n, e in entries.items() if not e.from_pin]
+            notes = [
+                "Built from the pins in patches/*/pin.toml." if not standins
+                else "NOT built from the pins: stand-in sources for " + ", ".join(standins) + " (see verify).",
+                env.torch.describe() + ".",
+            ]
+            if env.overrides:
+                (staging / publish.STANDIN_OVERRIDES).write_text(publish.overrides_text(env))
+            # The index carries its own copy (find-links ".", which uv resolves
+            # against the file's own folder or URL) so that the folder alone is a
+            # complete release, on disk or served as it is over HTTP:
+            # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
+            # With --base-url it names the index by that URL instead.
+            (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or ""))
+            text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env)
+            publishing.begin()  # the last point where an interrupt leaves the previous build in place
+        write_atomically(constraints_path, text)
     for note in notes:
         step.note("build", note)
     step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")
@@ -123,8 +125,8 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
         # A stand-in tree is built as what it is (its own version when it is
         # an sdist), and its local label says it is not the pin.
         version = wheels.wheel_version(source.upstream_version or pin.version, f"{project.local_label}.unpinned.{source.tree[:8]}")
-    with tempfile.TemporaryDirectory(prefix=f"mrl-{pin.distribution}-") as tmp:
-        tree = pathlib.Path(tmp) / "tree"
+    with scratch_dir(f"mrl-{pin.distribution}-") as tmp:
+        tree = tmp / "tree"
         applied = apply_series(pin, source, tree, engine=opts.engine, cache=cache)
         if not pin.series:
             step.note(pin.distribution, "empty series: nothing to apply")
@@ -185,8 +187,8 @@ def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, 
     if not env.vllm_adapter:
         return None
     folder = env.vllm_adapter.strip("/") + "/"
-    with tempfile.TemporaryDirectory(prefix="mrl-adapter-") as tmp:
-        tree = pathlib.Path(tmp) / "adapter"
+    with scratch_dir("mrl-adapter-") as tmp:
+        tree = tmp / "adapter"
         with zipfile.ZipFile(env.release) as zf:
             members = [n for n in zf.namelist() if n.startswith(folder) and not n.endswith("/")]
             if not any(n == folder + "setup.py" for n in members):
@@ -208,8 +210,8 @@ def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifes
     dependencies on the overlay builds just made."""
     root = project.root
     meta = project.metadata
-    with tempfile.TemporaryDirectory(prefix="mrl-overlay-") as tmp:
-        tree = pathlib.Path(tmp) / "maxtext-rl-overlay"
+    with scratch_dir("mrl-overlay-") as tmp:
+        tree = tmp / "maxtext-rl-overlay"
         tree.mkdir()
         shutil.copy2(root / "README.md", tree / "README.md")
         shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))

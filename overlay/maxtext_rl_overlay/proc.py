@@ -5,6 +5,13 @@ for success, turns the failure into an OverlayError that names the program,
 says what it was doing and ends with the tail of its output: the user sees
 why, never a CalledProcessError traceback.
 
+Each program runs in a process group of its own, and an interrupt, a time-out
+or any other exception while it runs stops the whole group (SIGTERM, then
+SIGKILL after STOP_GRACE seconds) and waits until no process of it is left:
+a build backend that uv started must not go on writing into a folder the
+tool is removing. A terminal's Ctrl-C reaches only the tool (the groups are
+not in the foreground), which stops the program the same way.
+
 `-v` (set_verbose) echoes each command line to stderr and streams the output
 of the long steps (`log=True`: builds, installs, resolutions, test runs) as it
 comes, while still capturing it for the error message."""
@@ -14,16 +21,24 @@ from __future__ import annotations
 import os
 import pathlib
 import shlex
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
+from . import interrupts
 from .errors import OverlayError
 
 #: How many lines of a failed program's output an error message ends with.
 TAIL_LINES = 15
+#: Seconds a stopped program's group has between SIGTERM and SIGKILL.
+STOP_GRACE = 5.0
+#: Seconds to wait for the processes of a group to be gone after SIGKILL
+#: (a process finishes the system call it is in first).
+KILL_WAIT = 10.0
 
 _verbose = False
 
@@ -31,10 +46,6 @@ _verbose = False
 def set_verbose(on: bool) -> None:
     global _verbose
     _verbose = on
-
-
-def verbose() -> bool:
-    return _verbose
 
 
 def run(
@@ -49,6 +60,7 @@ def run(
     text: bool = True,
     check: bool = True,
     log: bool = False,
+    capture: bool = True,
     timeout: float | None = None,
     tail: int = TAIL_LINES,
 ) -> subprocess.CompletedProcess[Any]:
@@ -59,7 +71,9 @@ def run(
     runs for. `env` is added to this process's environment (or, without
     `inherit_env`, is the whole environment). With
     `check` a non-zero exit raises OverlayError; without, the caller reads
-    the return code. `timeout` raises OverlayError either way."""
+    the return code. Without `capture` the output goes to this process's
+    stdout and stderr (a test run the user watches). `timeout` raises
+    OverlayError either way."""
     args = [os.fspath(c) for c in cmd]
     full_env = (dict(os.environ, **env) if inherit_env else dict(env)) if env is not None else None
     prefix = f"[{who}] " if who else ""  # the progress lines' form, for the -v echo
@@ -67,18 +81,106 @@ def run(
     if _verbose:
         print(f"{prefix}$ {shlex.join(args)}" + (f"   (in {cwd})" if cwd else ""), file=sys.stderr, flush=True)
     data = input.encode() if isinstance(input, str) and not text else input
+    streamed = _verbose and log and capture
+    interrupts.check()  # a signal whose exception was swallowed on the way: start nothing more
+    child: subprocess.Popen[Any] | None = None
     try:
-        if _verbose and log:
-            proc = _streamed(args, cwd, full_env, data, text, timeout, prefix)
-        else:
-            proc = subprocess.run(args, cwd=cwd, env=full_env, input=data, capture_output=True, text=text, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise OverlayError(f"{blame}{what}: {args[0]} did not finish within {timeout:.0f} s.") from None
+        # Held: a signal during the start is raised once `child` is known,
+        # so that the except clause below can stop it.
+        with interrupts.held():
+            child = subprocess.Popen(args, cwd=cwd, env=full_env, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
+                                     text=text, process_group=0)
+        out, err = _streamed(child, data, text, timeout, prefix) if streamed else child.communicate(data, timeout=timeout)
     except FileNotFoundError:
+        if child is not None:
+            stop(child)
+            raise
         raise OverlayError(f"{blame}{what}: {args[0]} is not installed (or not on PATH).") from None
-    if check and proc.returncode != 0:
-        raise OverlayError(f"{blame}{what} failed ({_name(args)} exited with {proc.returncode}):\n    " + "\n    ".join(output_tail(proc, tail)))
-    return proc
+    except subprocess.TimeoutExpired:
+        assert child is not None
+        stop(child)
+        raise OverlayError(f"{blame}{what}: {args[0]} did not finish within {timeout:.0f} s.") from None
+    except BaseException:
+        if child is not None:
+            stop(child)
+            if not streamed:  # (the pumping threads end at the pipes' end of file)
+                _close_pipes(child)
+        raise
+    interrupts.check()  # a signal that came while it ran, whose exception was swallowed
+    done = subprocess.CompletedProcess(args, child.returncode, out, err)
+    if check and done.returncode != 0:
+        raise OverlayError(f"{blame}{what} failed ({_name(args)} exited with {done.returncode}):\n    " + "\n    ".join(output_tail(done, tail)))
+    return done
+
+
+def stop(child: subprocess.Popen[Any]) -> None:
+    """Stop `child`'s process group and wait until no process of it is left
+    (SIGKILL after STOP_GRACE seconds). Never raises, and a second signal
+    does not cut it short."""
+    with interrupts.held(raise_after=False):
+        group = child.pid  # process_group=0: the child leads a group of its own
+        _signal_group(group, signal.SIGTERM)
+        if not _wait_group(child, group, STOP_GRACE):
+            _signal_group(group, signal.SIGKILL)
+            if not _wait_group(child, group, KILL_WAIT):
+                print(f"maxtext-rl-overlay: warning: process group {group} was still there "
+                      f"{STOP_GRACE + KILL_WAIT:.0f} s after it was stopped.", file=sys.stderr, flush=True)
+
+
+def _close_pipes(child: subprocess.Popen[Any]) -> None:
+    for stream in (child.stdin, child.stdout, child.stderr):
+        if stream is not None:
+            try:
+                stream.close()
+            except OSError:  # stdin's unwritten input to a program that is gone
+                pass
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):  # gone already; a member we may not signal (set-uid)
+        pass
+
+
+def _wait_group(child: subprocess.Popen[Any], group: int, seconds: float) -> bool:
+    """Wait until the child has exited (and is reaped) and no live process is
+    left in its group; False if some still are after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        child.poll()
+        if child.returncode is not None and not _group_alive(group):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of the group is still running. kill(0) also counts
+    zombies, which do nothing more (an orphan's stays until its new parent
+    reaps it): on Linux, /proc tells them apart."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        pids = [e.name for e in os.scandir("/proc") if e.name.isdigit()]
+    except OSError:
+        return True  # no /proc: a zombie counts as alive, and the wait is bounded
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, ...
+        if int(fields[2]) == group and fields[0] not in ("Z", "X"):
+            return True
+    return False
 
 
 def output_tail(proc: subprocess.CompletedProcess[Any], lines: int = TAIL_LINES) -> list[str]:
@@ -98,35 +200,27 @@ def _name(args: list[str]) -> str:
     return " ".join(words)
 
 
-def _streamed(args: list[str], cwd: pathlib.Path | None, env: dict[str, str] | None, data: str | bytes | None,
-              text: bool, timeout: float | None, prefix: str) -> subprocess.CompletedProcess[Any]:
-    """Like subprocess.run with capture_output, echoing each line to stderr as it arrives."""
-    popen = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=text)
+def _streamed(child: subprocess.Popen[Any], data: str | bytes | None, text: bool, timeout: float | None, prefix: str) -> tuple[Any, Any]:
+    """Like communicate, echoing each line to stderr as it arrives."""
     captured: dict[str, list[Any]] = {"out": [], "err": []}
 
-    def pump(stream: Any, key: str) -> None:
+    def pump(stream: IO[Any], key: str) -> None:
         for line in stream:
             captured[key].append(line)
             shown = line if isinstance(line, str) else line.decode(errors="replace")
             sys.stderr.write(f"{prefix}| {shown.rstrip()}\n")
             sys.stderr.flush()
 
-    threads = [threading.Thread(target=pump, args=(popen.stdout, "out"), daemon=True),
-               threading.Thread(target=pump, args=(popen.stderr, "err"), daemon=True)]
+    assert child.stdout is not None and child.stderr is not None
+    threads = [threading.Thread(target=pump, args=(child.stdout, "out"), daemon=True),
+               threading.Thread(target=pump, args=(child.stderr, "err"), daemon=True)]
     for t in threads:
         t.start()
-    if data is not None and popen.stdin is not None:
-        popen.stdin.write(data)
-        popen.stdin.close()
-    try:
-        code = popen.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait()
-        raise
+    if data is not None and child.stdin is not None:
+        child.stdin.write(data)
+        child.stdin.close()
+    child.wait(timeout=timeout)
     for t in threads:
         t.join()
-    out = "".join(captured["out"]) if text else b"".join(captured["out"])
-    err = "".join(captured["err"]) if text else b"".join(captured["err"])
-    return subprocess.CompletedProcess(args, code, out, err)
+    joined = "" if text else b""
+    return joined.join(captured["out"]), joined.join(captured["err"])

@@ -31,7 +31,6 @@ import json
 import os
 import pathlib
 import shutil
-import tempfile
 import time
 import urllib.parse
 import zipfile
@@ -44,7 +43,7 @@ from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .progress import step
-from .staging import write_atomically
+from .staging import scratch_dir, write_atomically
 
 #: In the index of a stand-in-torch build: what the MaxText form of the install needs.
 STANDIN_OVERRIDES = "torch-standin-overrides.txt"
@@ -144,8 +143,8 @@ def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env:
 
 
 def _compile(index_dir: pathlib.Path, requirement: str, python: str, env: Environment) -> str:
-    with tempfile.TemporaryDirectory(prefix="mrl-resolve-") as tmp:
-        constraints = pathlib.Path(tmp) / "constraints.txt"
+    with scratch_dir("mrl-resolve-") as tmp:
+        constraints = tmp / "constraints.txt"
         constraints.write_text("".join(f"{line}\n" for line in (*env.constraints, *env.torch.requirements)))
         cmd = [
             "uv", "pip", "compile", "-", *COMPILE_FLAGS,
@@ -155,7 +154,7 @@ def _compile(index_dir: pathlib.Path, requirement: str, python: str, env: Enviro
         for link in env.torch.find_links:
             cmd += ["--find-links", link]
         if env.overrides:
-            overrides = pathlib.Path(tmp) / "overrides.txt"
+            overrides = tmp / "overrides.txt"
             overrides.write_text("".join(f"{line}\n" for line in env.overrides))
             cmd += ["--override", str(overrides)]
         with step("constraints", f"resolving the closure of {requirement} for Python {TARGET_PYTHON} on {TARGET_PLATFORM}"):

@@ -17,7 +17,6 @@ import os
 import pathlib
 import shutil
 import tarfile
-import tempfile
 import zipfile
 
 from . import gittree
@@ -26,7 +25,7 @@ from .git import git, inside_package, tree_entries
 from .git import out as gitout
 from .pins import Pin
 from .progress import step
-from .staging import staged_dir
+from .staging import scratch_dir, staged_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,8 +184,7 @@ def _from_tree(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpin
 
 
 def _from_archive(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpinned: bool, origin: str) -> Source:
-    with tempfile.TemporaryDirectory(prefix="mrl-unpack-") as tmp:
-        root = pathlib.Path(tmp)
+    with scratch_dir("mrl-unpack-") as root:
         with step(pin.distribution, f"unpacking {path.name}"):
             try:
                 if zipfile.is_zipfile(path):

@@ -13,7 +13,6 @@ import os
 import pathlib
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -229,11 +228,11 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
             junit = work / f"junit{'-' + run_name if run_name else ''}.xml"
             began = time.monotonic()
             with step(label, "patched-behaviour suite (tests/fixes)" + (f" with {run_env}" if run_env else "")):
-                subprocess.run(
-                    [vpy, "-m", "pytest", str(root / "tests" / "fixes"), "-p", "no:cacheprovider",
-                     f"--junitxml={junit}", f"--rootdir={root}", "-q"],
-                    env=dict(env, **run_env), cwd=work,
-                )
+                # Its output is the user's to read as it comes; its outcome is the JUnit report's.
+                proc.run([vpy, "-m", "pytest", str(root / "tests" / "fixes"), "-p", "no:cacheprovider",
+                          f"--junitxml={junit}", f"--rootdir={root}", "-q"],
+                         env=dict(env, **run_env), inherit_env=False, cwd=work, capture=False, check=False, who=label,
+                         what="the patched-behaviour suite")
             _count(result, junit)
             result.seconds = time.monotonic() - began
             results.append(result)

@@ -12,7 +12,6 @@ import json
 import os
 import pathlib
 import shutil
-import tempfile
 import tomllib
 from importlib import resources
 from typing import Any
@@ -26,7 +25,7 @@ from .digest import sha256_file
 from .errors import OverlayError
 from .proc import run
 from .progress import step
-from .staging import staged_dir
+from .staging import scratch_dir, staged_dir
 
 #: Bumped when what a kept wheel's record says changes.
 WHEEL_CACHE_FORMAT = 1
@@ -120,9 +119,9 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
         # The linker's build id hashes what it saw of the build environment's
         # path before stripping: without one, the same inputs give the same bytes.
         flags["LDFLAGS"] = f"{os.environ.get('LDFLAGS', '')} -Wl,--build-id=none".strip()
-    with tempfile.TemporaryDirectory(prefix="mrl-wheel-") as tmp, resources.as_file(BUILD_CONSTRAINTS) as constraints:
+    with scratch_dir("mrl-wheel-") as tmp, resources.as_file(BUILD_CONSTRAINTS) as constraints:
         full_env = dict(flags, **env, SOURCE_DATE_EPOCH=epoch, PYTHONHASHSEED="0", UV_PYTHON_DOWNLOADS="never")
-        cmd = [uv, "build", "--wheel", "--no-progress", "--out-dir", tmp]
+        cmd = [uv, "build", "--wheel", "--no-progress", "--out-dir", str(tmp)]
         if build_env is None:
             cmd += ["--python", python, "--build-constraint", str(constraints)]
         else:
@@ -130,7 +129,7 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
             cmd += ["--python", str(build_env.python), "--no-build-isolation"]
         with step(who, "building the wheel"):
             run([*cmd, str(tree)], env=full_env, who=who, what="the wheel build", log=True)
-        built = list(pathlib.Path(tmp).glob("*.whl"))
+        built = list(tmp.glob("*.whl"))
         if len(built) != 1:
             raise OverlayError(f"{who}: the build made {len(built)} wheels, expected one.")
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -249,7 +249,7 @@ def test_patch_outside_series_and_missing_trailer(previous, project, standin, ca
     _fails_cleanly(proc, out, before, "Upstream-Status", patch.name)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_interrupted_build_publishes_nothing(previous, project, standin, tmp_path, sig):
     out, before = previous
     # A cache of its own: in the shared one the wheels are kept, and the build

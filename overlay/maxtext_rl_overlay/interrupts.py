@@ -1,0 +1,117 @@
+"""SIGINT and SIGTERM: one way out, and never lost.
+
+`installed` (around the command's whole run) makes both signals raise
+KeyboardInterrupt in the main thread, so that a terminated run cleans up like
+an interrupted one, and records that a signal came. The record matters
+because Python runs a signal handler between any two bytecodes of the main
+thread, a finaliser's included, and an exception raised in a finaliser is
+printed and dropped: the points where a lost signal would do harm (before a
+program starts, after it ends, before a result is published) call `check`,
+which raises again for a signal that came and was swallowed.
+
+Inside `held()` a signal is only recorded, and raised when the block ends:
+around starting a child (so that the tool always holds the child it has to
+stop), around stopping children and removing folders (so that a second
+signal does not cut the cleanup short), and around the renames that publish
+a result (so that the old result or the new one is in place, never neither,
+nor half of each)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import types
+from collections.abc import Iterator
+
+#: The signal that came, if one did (the first one).
+_pending: int | None = None
+#: How many `held` blocks the main thread is in.
+_holding = 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """An interrupt that came while the results were being published: they
+    were published whole, and the command stops right after."""
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """The handlers of SIGINT and SIGTERM for the block (the command's whole
+    run), with no signal recorded; after it, the previous handlers again,
+    and the record forgotten."""
+    global _pending
+    _pending = None
+    previous = {sig: signal.signal(sig, _handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _pending = None
+
+
+def _handler(signum: int, frame: types.FrameType | None) -> None:
+    global _pending
+    if _pending is None:
+        _pending = signum
+    if _holding == 0:
+        raise KeyboardInterrupt
+
+
+def pending() -> int | None:
+    """The signal that came, or None."""
+    return _pending
+
+
+def check() -> None:
+    """Raise KeyboardInterrupt if a signal came (even one whose exception
+    was swallowed on the way); inside `held` the block's end raises it."""
+    if _pending is not None and _holding == 0:
+        raise KeyboardInterrupt
+
+
+class held:
+    """A block a signal does not cut: the signal is recorded and raised
+    when the block ends (`raise_after=False`: only recorded, for cleanup
+    that runs while an exception is already on its way out)."""
+
+    def __init__(self, *, raise_after: bool = True) -> None:
+        self._raise_after = raise_after
+        self._active = False
+
+    def _hold(self) -> None:
+        global _holding
+        _holding += 1
+        self._active = True
+
+    def __enter__(self) -> held:
+        self._hold()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None) -> None:
+        global _holding
+        if not self._active:
+            return
+        _holding -= 1
+        self._active = False
+        if exc_type is None and self._raise_after and _holding == 0 and _pending is not None:
+            raise self._interrupt()
+
+    def _interrupt(self) -> KeyboardInterrupt:
+        return KeyboardInterrupt()
+
+
+class publication(held):
+    """The end of a run that publishes its results: `begin()` is the last
+    point where a signal leaves everything as it was; from there to the end
+    of the block a signal waits, and then raises Interrupted (published)."""
+
+    def __enter__(self) -> publication:
+        return self
+
+    def begin(self) -> None:
+        check()
+        self._hold()
+
+    def _interrupt(self) -> KeyboardInterrupt:
+        return Interrupted()
