@@ -10,9 +10,10 @@ import argparse
 import enum
 import pathlib
 import sys
+import traceback
 
 from . import __version__, interrupts, proc
-from .errors import OverlayError
+from .errors import OverlayError, UsageError
 
 DESCRIPTION = """\
 MaxText RL's vLLM/Tunix stack on TPU: the pinned upstreams (google-tunix,
@@ -35,6 +36,9 @@ class ExitCode(enum.IntEnum):
     USAGE = 2
     #: The command could not do its work; the message says why and what to do.
     ERROR = 3
+    #: An error the tool did not expect: a bug, to be reported (the
+    #: traceback is shown with -v).
+    INTERNAL = 4
     INTERRUPTED = 130
 
 
@@ -45,6 +49,7 @@ exit status:
        or the rebase's fast tests failed, or a rebase stopped at a conflict
   {ExitCode.USAGE:<3}  the command line was wrong
   {ExitCode.ERROR:<3}  the command could not do its work (the message says why and what to do)
+  {ExitCode.INTERNAL:<3}  an unexpected error: a bug in the tool, please report it (-v shows the traceback)
   {ExitCode.INTERRUPTED:<3}  interrupted (SIGINT, SIGTERM): the programs it ran stopped, staging folders
        removed, nothing published (or, if it came while publishing, all of it: the message says)
 """
@@ -62,10 +67,34 @@ def _project(args: argparse.Namespace) -> pathlib.Path:
 
 
 def _source_arg(text: str) -> tuple[str, str]:
+    from .pins import DISTRIBUTIONS
+
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    if name not in DISTRIBUTIONS:
+        raise argparse.ArgumentTypeError(f"unknown distribution {name!r} in {text!r}; choose from {', '.join(DISTRIBUTIONS)}")
     return name, path
+
+
+def _only_arg(text: str) -> list[str]:
+    from .pins import DISTRIBUTIONS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in DISTRIBUTIONS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown distribution(s) {', '.join(unknown) or repr(text)}; choose from {', '.join(DISTRIBUTIONS)}")
+    return names
+
+
+def _base_url_arg(text: str) -> str:
+    from .publish import base_url
+
+    try:
+        base_url(text)
+    except OverlayError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--base-url ")) from None
+    return text
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -74,13 +103,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
     given: dict[str, str] = {}
     for name, path in args.source:
         if name in given:
-            raise OverlayError(f"--source {name} given twice.")
+            raise UsageError(f"--source {name} given twice.")
         given[name] = path
     result = build(
         BuildOptions(
             project_root=_project(args),
             sources=given,
-            only=[n.strip() for n in args.only.split(",") if n.strip()] if args.only else None,
+            only=args.only,
             out=args.out,
             constraints=args.constraints,
             allow_unpinned=args.unpinned,
@@ -142,18 +171,21 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
     root = _project(args)
     if args.cont or args.abort:
         if args.name or args.new_ref:
-            raise OverlayError("--continue and --abort take no NAME or NEW_REF: they act on the rebase in progress.")
+            raise UsageError("--continue and --abort take no NAME or NEW_REF: they act on the rebase in progress.")
         if args.abort:
             print(rebase.abort(root))
             return ExitCode.OK
         report = rebase.resume(root)
     else:
         if not (args.name and args.new_ref):
-            raise OverlayError("usage: rebase NAME NEW_REF [--source PATH] [--build] [--apply-vllm-lkg] [--find-base]; or --continue / --abort.")
+            raise UsageError("NAME and NEW_REF are required (or --continue / --abort).")
         own = [s for s in args.source if "=" not in s]
-        others = dict(_source_arg(s) for s in args.source if "=" in s)
+        try:
+            others = dict(_source_arg(s) for s in args.source if "=" in s)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--source: {exc}") from None
         if len(own) > 1:
-            raise OverlayError("--source PATH (the upstream being rebased) given twice.")
+            raise UsageError("--source PATH (the upstream being rebased) given twice.")
         opts = rebase.RebaseOptions(root, args.name, args.new_ref, source=own[0] if own else others.pop(args.name, None),
                                     build=args.build, build_sources=others, apply_vllm_lkg=args.apply_vllm_lkg,
                                     run_tests=not args.no_tests, standins=args.standins)
@@ -188,8 +220,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str, *parents: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", epilog=EPILOG,
-                              parents=[verbose, *parents], formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".", epilog=EPILOG,
+                           parents=[verbose, *parents], formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(parser=p)  # for the usage line of a UsageError
+        return p
 
     v = command("verify", "check that the installed stack is the overlay's builds, intact, and that it imports")
     v.add_argument("--require-pinned", action="store_true",
@@ -201,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
                    help=f"where to take upstream NAME ({names}) from: a git repository holding the pinned commit, "
                         "or a source tree or archive (default: fetch the pinned commit with git)")
-    b.add_argument("--only", metavar="NAME[,NAME...]", help=f"build only these upstreams, of {names} (maxtext-rl-overlay is always built)")
+    b.add_argument("--only", type=_only_arg, metavar="NAME[,NAME...]", help=f"build only these upstreams, of {names} (maxtext-rl-overlay is always built)")
     b.add_argument("--out", type=pathlib.Path, metavar="DIR", help="where the index goes (default: dist/ in the project)")
     b.add_argument("--constraints", type=pathlib.Path, metavar="FILE", help="where constraints.txt goes (default: the project's)")
     b.add_argument("--unpinned", action="store_true", help="accept source trees that are not the pinned tree, labelled as stand-ins")
@@ -210,7 +244,8 @@ def _parser() -> argparse.ArgumentParser:
                         "is out of reach; labelled as a stand-in")
     b.add_argument("--engine", choices=ENGINES, help="how to apply the patches (default: git where installed)")
     b.add_argument("--python", metavar="PYTHON", help="interpreter for the builds and the resolver (default: this one)")
-    b.add_argument("--base-url", metavar="URL", help="where the index folder will be served: its constraints.txt then names the index by this URL")
+    b.add_argument("--base-url", type=_base_url_arg, metavar="URL",
+                   help="where the index folder will be served: its constraints.txt then names the index by this URL")
     b.set_defaults(func=_cmd_build)
 
     lint = command("lint", "check every patch of every series for its trailers and format", project)
@@ -251,12 +286,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(argv: list[str] | None) -> int:
+    args = _parser().parse_args(argv)  # a wrong command line exits here, with USAGE
     try:
-        args = _parser().parse_args(argv)
         proc.set_verbose(args.verbose)
         code = int(args.func(args))
         interrupts.check()  # one that came during the last cleanup
         return code
+    except UsageError as exc:
+        args.parser.print_usage(sys.stderr)
+        print(f"{args.parser.prog}: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
     except OverlayError as exc:
         print(f"maxtext-rl-overlay: error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
@@ -266,6 +305,14 @@ def _run(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except Exception as exc:  # anything else is a bug: said so, in one line unless -v
+        if args.verbose:
+            traceback.print_exc()
+        said = str(exc).strip().splitlines()
+        print(f"maxtext-rl-overlay: unexpected error: {type(exc).__name__}" + (f": {said[0]}" if said else ""), file=sys.stderr)
+        print("maxtext-rl-overlay: this is a bug in maxtext-rl-overlay; please report it, with the output of the same "
+              "command run with -v (which shows the traceback).", file=sys.stderr)
+        return ExitCode.INTERNAL
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import email.parser
 import pathlib
 import zipfile
 
-from packaging.requirements import Requirement
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from . import registry
@@ -82,22 +82,22 @@ class Environment:
 
 def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> Environment:
     """Read the MaxText release the project names, and choose the torch."""
-    extra = project.config.get("maxtext", {}).get("extra", "maxtext")
+    options = project.options.maxtext
+    extra = options.extra
+    pyproject = project.root / "pyproject.toml"
     try:
         (requirement_text,) = project.metadata["optional-dependencies"][extra]
-    except (KeyError, ValueError):
-        raise OverlayError(f"{project.root / 'pyproject.toml'}: the [project.optional-dependencies] extra {extra!r} must hold "
-                           "exactly one requirement, the MaxText release.") from None
-    requirement = Requirement(requirement_text)
+        requirement = Requirement(requirement_text)
+    except (KeyError, ValueError, TypeError) as exc:
+        why = f" ({str(exc).splitlines()[0]})" if isinstance(exc, InvalidRequirement) else ""
+        raise OverlayError(f"{pyproject}: the [project.optional-dependencies] extra {extra!r} must hold "
+                           f"exactly one requirement, the MaxText release (name[extra]==version){why}.") from None
     pinned = [s.version for s in requirement.specifier if s.operator == "=="]
     if len(pinned) != 1 or len(requirement.extras) != 1:
         raise OverlayError(f"the {extra!r} extra must name one MaxText release and one of its extras exactly (name[extra]==version), not {requirement_text!r}.")
     (mt_extra,) = requirement.extras
     wheel = registry.release_wheel(requirement.name, pinned[0], cache / "releases")
-    overrides_file = project.config.get("maxtext", {}).get("overrides-file")
-    if not overrides_file:
-        raise OverlayError(f"{project.root / 'pyproject.toml'}: [tool.maxtext-rl-overlay.maxtext] lacks overrides-file "
-                           "(the path of MaxText's overrides file inside its wheel).")
+    overrides_file = options.overrides_file
     with zipfile.ZipFile(wheel) as zf:
         try:
             text = zf.read(overrides_file).decode()
@@ -108,23 +108,24 @@ def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> En
     constraints = tuple(line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip())
     wanted = _exact(requires, mt_extra, "torch", wheel.name)
     vision = _exact(requires, mt_extra, "torchvision", wheel.name)
-    config = project.config.get("torch", {})
     if torch_standin:
         torch = Torch(wanted, Version(wanted).public, vision, Version(vision).public, (), True)
     else:
-        links = tuple(config.get("find-links", ()))
+        links = project.options.torch.find_links
         if not links:
-            raise OverlayError(f"{project.root / 'pyproject.toml'}: [tool.maxtext-rl-overlay.torch] lacks find-links (where torch=={wanted} is published).")
+            raise OverlayError(f"{pyproject}: [tool.maxtext-rl-overlay.torch] lacks find-links (where torch=={wanted} is published).")
         torch = Torch(wanted, wanted, vision, vision, links, False)
     step.note("environment", f"{requirement_text}, its {overrides_file} as constraints; {torch.describe()}")
-    adapter = project.config.get("maxtext", {}).get("vllm-adapter", "")
-    return Environment(requirement_text, extra, constraints, f"{wheel.name}:{overrides_file}", torch, wheel, adapter)
+    return Environment(requirement_text, extra, constraints, f"{wheel.name}:{overrides_file}", torch, wheel, options.vllm_adapter)
 
 
 def _exact(requires: list[str], extra: str, name: str, where: str) -> str:
     """The one version MaxText's `extra` pins `name` to (`==`)."""
     for line in requires:
-        req = Requirement(line)
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            raise OverlayError(f"{where} has a Requires-Dist that is not a requirement, {line!r}: {str(exc).splitlines()[0]}") from None
         if req.name != name or (req.marker and not req.marker.evaluate(dict(TARGET_MARKERS, extra=extra))):
             continue
         versions = [s.version for s in req.specifier if s.operator == "=="]

@@ -6,3 +6,8 @@ class OverlayError(Exception):
 
     The CLI prints the message alone (no traceback) and exits non-zero.
     """
+
+
+class UsageError(OverlayError):
+    """The command line was wrong in a way argparse cannot see (a flag that
+    excludes another, an argument given twice): the CLI prints the usage."""

@@ -126,7 +126,12 @@ class Manifest:
 
     @classmethod
     def loads(cls, text: str) -> Manifest:
-        doc = json.loads(text)
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise OverlayError(f"the installed manifest is not JSON ({exc}); reinstall maxtext-rl-overlay.") from None
+        if not isinstance(doc, dict):
+            raise OverlayError(f"the installed manifest is not a JSON object but {type(doc).__name__}; reinstall maxtext-rl-overlay.")
         if doc.get("format") != FORMAT:
             raise OverlayError(f"the installed manifest has format {doc.get('format')}; this tool reads format {FORMAT}.")
         try:
@@ -142,7 +147,7 @@ class Manifest:
                     Adapter(adapter["name"], adapter["version"], WheelFile(**adapter["wheel"]), adapter["source"]) if adapter else None,
                 ),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, AttributeError) as exc:
             raise OverlayError(f"the installed manifest is damaged ({type(exc).__name__}: {exc}); reinstall maxtext-rl-overlay.") from None
 
 

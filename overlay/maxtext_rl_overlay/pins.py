@@ -5,7 +5,6 @@ patch series. Read once from patches/<dist>/pin.toml and patches/<dist>/series
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import pathlib
 import re
 import tomllib
@@ -13,6 +12,9 @@ from typing import Any
 
 from . import tomledit
 from .errors import OverlayError
+from .options import ProjectOptions, boolean, project_options, refuse_unknown, string, string_table, strings, table
+
+__all__ = ["refuse_unknown"]  # where the other tables' readers take it from
 
 #: Build order, and the names --only and --source accept.
 DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
@@ -76,10 +78,13 @@ class Pin:
 @dataclasses.dataclass(frozen=True)
 class Project:
     root: pathlib.Path
-    revision: int
     pins: dict[str, Pin]
     metadata: dict[str, Any]  # pyproject.toml's [project] table
-    config: dict[str, Any]  # pyproject.toml's [tool.maxtext-rl-overlay] table
+    options: ProjectOptions  # pyproject.toml's [tool.maxtext-rl-overlay] table, checked
+
+    @property
+    def revision(self) -> int:
+        return self.options.revision
 
     @property
     def local_label(self) -> str:
@@ -128,52 +133,48 @@ _REBASE_KEYS = {"version", "last-known-good"}
 _LAST_KNOWN_GOOD_KEYS = {"file", "pin"}
 
 
-def refuse_unknown(found: set[str], known: set[str], where: str) -> None:
-    """A misspelt key would otherwise fall back to a default silently."""
-    unknown = sorted(found - known)
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise OverlayError(f"{where}: unknown key(s) {', '.join(hints)}; known: {', '.join(sorted(known))}.")
-
-
 def read_pin(directory: pathlib.Path) -> Pin:
     pin_file = directory / "pin.toml"
-    try:
-        data = tomllib.loads(pin_file.read_text())
-    except FileNotFoundError:
-        raise OverlayError(f"{pin_file} is missing.") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise OverlayError(f"{pin_file} is not valid TOML: {exc}") from None
-    refuse_unknown(set(data), _PIN_KEYS, str(pin_file))
-    refuse_unknown(set(data.get("build", {})), _BUILD_KEYS, f"{pin_file} [build]")
-    try:
-        build = data.get("build", {})
-        pin = Pin(
-            distribution=data["distribution"],
-            import_package=data["import-package"],
-            repository=data["repository"],
-            commit=data["commit"],
-            tree=data["tree"],
-            date=data["date"],
-            version=data["version"],
-            build_env=dict(build.get("env", {})),
-            requirement_overrides=dict(build.get("requirements", {})),
-            requirement_files=tuple(build.get("requirement-files", DEFAULT_REQUIREMENT_FILES)),
-            needs_torch=bool(build.get("torch", False)),
-            directory=directory,
-            series=read_series(directory),
-            rebase=read_rebase_policy(data.get("rebase", {}), directory.name, f"{pin_file} [rebase]"),
-        )
-    except KeyError as exc:
-        raise OverlayError(f"{pin_file} lacks the key {exc.args[0]!r}.") from None
+    where = str(pin_file)
+    data = read_toml(pin_file)
+    refuse_unknown(set(data), _PIN_KEYS, where)
+    build_where = f"{pin_file} [build]"
+    build = table(data.get("build", {}), build_where)
+    refuse_unknown(set(build), _BUILD_KEYS, build_where)
+    pin = Pin(
+        distribution=string(data, "distribution", where),
+        import_package=string(data, "import-package", where),
+        repository=string(data, "repository", where),
+        commit=string(data, "commit", where),
+        tree=string(data, "tree", where),
+        date=string(data, "date", where),
+        version=string(data, "version", where),
+        build_env=string_table(build, "env", build_where, {}),
+        requirement_overrides=string_table(build, "requirements", build_where, {}),
+        requirement_files=strings(build, "requirement-files", build_where, DEFAULT_REQUIREMENT_FILES),
+        needs_torch=boolean(build, "torch", build_where, False),
+        directory=directory,
+        series=read_series(directory),
+        rebase=read_rebase_policy(data.get("rebase", {}), directory.name, f"{pin_file} [rebase]"),
+    )
     if pin.distribution != directory.name:
         raise OverlayError(f"{pin_file} says distribution {pin.distribution!r} but lives in {directory.name}/.")
     if not _HEX40.match(pin.commit) or (pin.tree and not _HEX40.match(pin.tree)):
         raise OverlayError(f"{pin_file}: commit and tree must be 40 lower-case hex digits.")
     return pin
+
+
+def read_toml(path: pathlib.Path) -> dict[str, Any]:
+    """A TOML file's data; a missing or malformed file is an OverlayError
+    naming it (and, for a malformed one, the line)."""
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise OverlayError(f"{path} is missing.") from None
+    except UnicodeDecodeError as exc:
+        raise OverlayError(f"{path} is not UTF-8 text: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise OverlayError(f"{path} is not valid TOML: {exc}") from None
 
 
 def read_rebase_policy(table: object, name: str, where: str) -> RebasePolicy:
@@ -206,19 +207,21 @@ def read_rebase_policy(table: object, name: str, where: str) -> RebasePolicy:
 
 
 def load_project(root: pathlib.Path) -> Project:
-    """Read pyproject.toml's overlay revision and every pin below patches/."""
+    """Read pyproject.toml's overlay options and every pin below patches/."""
     # Absolute: the stages run programs in other folders (git am in a copy
     # of the tree) and hand them the patch files' paths.
     root = root.resolve()
     pyproject = root / "pyproject.toml"
-    try:
-        doc = tomllib.loads(pyproject.read_text())
-        config = doc["tool"]["maxtext-rl-overlay"]
-        revision = config["revision"]
-    except (FileNotFoundError, KeyError):
-        raise OverlayError(f"{pyproject} lacks [tool.maxtext-rl-overlay] revision: is {root} the project?") from None
+    if not pyproject.is_file():
+        raise OverlayError(f"{pyproject} is missing: is {root} the project?")
+    doc = read_toml(pyproject)
+    config = doc.get("tool", {}).get("maxtext-rl-overlay") if isinstance(doc.get("tool"), dict) else None
+    if config is None:
+        raise OverlayError(f"{pyproject} lacks [tool.maxtext-rl-overlay]: is {root} the project?")
+    options = project_options(config, str(pyproject))
+    metadata = table(doc.get("project"), f"{pyproject} [project]")
     pins = {name: read_pin(root / "patches" / name) for name in DISTRIBUTIONS}
-    return Project(root=root, revision=int(revision), pins=pins, metadata=doc["project"], config=config)
+    return Project(root=root, pins=pins, metadata=metadata, options=options)
 
 
 def select(project: Project, only: list[str] | None) -> list[Pin]:

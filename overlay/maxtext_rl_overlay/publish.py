@@ -28,7 +28,6 @@ import email.parser
 import hashlib
 import html
 import json
-import os
 import pathlib
 import shutil
 import time
@@ -38,7 +37,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, proc, sources
+from . import buildcache, options, proc, sources
 from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
@@ -52,8 +51,6 @@ STANDIN_OVERRIDES = "torch-standin-overrides.txt"
 COMPILE_FLAGS = ("--quiet", "--no-header", "--no-annotate", "--generate-hashes")
 #: Bump when the cache entry's layout or the key's meaning changes.
 CLOSURE_CACHE_FORMAT = 1
-#: How long a cached resolution is reused, in seconds (MRL_CLOSURE_MAX_AGE).
-CLOSURE_MAX_AGE = 24 * 3600
 
 
 def write_index(index_dir: pathlib.Path) -> dict[str, str]:
@@ -123,8 +120,8 @@ def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env:
     is reused (see the module's docstring)."""
     key, inputs = closure_key(index_dir, requirement, python, env)
     entry = (cache or sources.cache_root()) / "closures" / f"{key}.json"
-    refresh = os.environ.get("MRL_REFRESH", "").strip() not in ("", "0")
-    cached = None if refresh else _cached_closure(entry, key)
+    settings = options.settings()
+    cached = None if settings.refresh else _cached_closure(entry, key, settings.closure_max_age)
     if cached is not None:
         closure, age = cached
         step.note("constraints", f"closure unchanged: reusing the resolution of {key[:12]} (resolved {_age(age)} ago; "
@@ -187,7 +184,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _cached_closure(entry: pathlib.Path, key: str) -> tuple[str, float] | None:
+def _cached_closure(entry: pathlib.Path, key: str, max_age: float) -> tuple[str, float] | None:
     """(closure, age in seconds) of a whole, young enough entry; None for
     none, a damaged one (ignored: it is rewritten) or an old one."""
     try:
@@ -201,10 +198,6 @@ def _cached_closure(entry: pathlib.Path, key: str) -> tuple[str, float] | None:
     if not whole:
         step.note("constraints", f"ignoring a damaged cached resolution {entry.name[:12]}: resolving afresh")
         return None
-    try:
-        max_age = float(os.environ.get("MRL_CLOSURE_MAX_AGE") or CLOSURE_MAX_AGE)
-    except ValueError:
-        raise OverlayError(f"MRL_CLOSURE_MAX_AGE={os.environ['MRL_CLOSURE_MAX_AGE']!r}: expected a number of seconds.") from None
     age = time.time() - created
     if not 0 <= age <= max_age:
         step.note("constraints", f"the cached resolution {key[:12]} is {_age(age)} old (kept {_age(max_age)}): resolving afresh")

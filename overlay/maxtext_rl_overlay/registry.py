@@ -134,9 +134,13 @@ def _fetch(project: str, filename: str, url: str, listed: str, dest_dir: pathlib
     fd, tmp = tempfile.mkstemp(prefix=filename + ".", dir=dest_dir)
     try:
         with step(project, f"downloading {filename}"), os.fdopen(fd, "wb") as out:
-            with urllib.request.urlopen(url, context=_context(), timeout=600) as response:
-                while chunk := response.read(1 << 20):
-                    out.write(chunk)
+            try:
+                with urllib.request.urlopen(url, context=_context(), timeout=600) as response:
+                    while chunk := response.read(1 << 20):
+                        out.write(chunk)
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+                raise OverlayError(f"cannot download {filename} from the package index ({url}): {exc}; "
+                                   "check the network, or the index the environment names (UV_DEFAULT_INDEX, UV_INDEX_URL, PIP_INDEX_URL).") from None
         got = sha256_file(pathlib.Path(tmp))
         if got != listed:
             raise OverlayError(f"{filename}: downloaded sha256 {got} is not the {listed} the index lists.")

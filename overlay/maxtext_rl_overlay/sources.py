@@ -19,7 +19,7 @@ import shutil
 import tarfile
 import zipfile
 
-from . import gittree
+from . import gittree, options
 from .errors import OverlayError
 from .git import git, inside_package, tree_entries
 from .git import out as gitout
@@ -46,10 +46,7 @@ FETCH_TIMEOUT = 600
 
 
 def cache_root() -> pathlib.Path:
-    base = os.environ.get("MRL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay"
-    )
-    return pathlib.Path(base)
+    return options.settings().cache_dir
 
 
 def obtain(pin: Pin, given: str | None, *, allow_unpinned: bool, cache: pathlib.Path | None = None) -> Source:

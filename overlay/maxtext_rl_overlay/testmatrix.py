@@ -19,7 +19,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import proc, publish, tables
+from . import options, proc, publish, tables
 from .errors import OverlayError
 from .pins import load_project, refuse_unknown
 from .progress import step
@@ -73,10 +73,10 @@ class CellResult:
         return self.verify == "yes" and self.failed == 0 and self.errors == 0 and self.passed > 0
 
 
-def load_matrix(config: Mapping[str, Any], *, where: str, quick: bool) -> Matrix:
-    """The matrix table of the project's config ([tool.maxtext-rl-overlay]),
-    validated; with `quick`, its `quick` entries replace the full ones."""
-    table = dict(config.get("matrix") or {})
+def load_matrix(matrix: Mapping[str, Any], *, where: str, quick: bool) -> Matrix:
+    """The project's [tool.maxtext-rl-overlay.matrix] table (its options'
+    `matrix`), validated; with `quick`, its `quick` entries replace the full ones."""
+    table = dict(matrix)
     where = f"{where} [tool.maxtext-rl-overlay.matrix]"
     if not table:
         raise OverlayError(f"{where} is missing: the matrix's cells and parameters are declared there.")
@@ -136,7 +136,7 @@ def _cell(c: dict[str, Any], where: str) -> Cell:
 
 def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
     project = load_project(project_root)
-    return list(load_matrix(project.config, where=str(project.root / "pyproject.toml"), quick=quick).cells)
+    return list(load_matrix(project.options.matrix, where=str(project.root / "pyproject.toml"), quick=quick).cells)
 
 
 def readme_command(project_root: pathlib.Path, marker: str) -> list[str]:
@@ -177,7 +177,7 @@ def _python(version: str) -> str:
     GitHub). Each candidate is run, since a pyenv shim exists for versions
     it will not start."""
     pyenv_root = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"))
-    candidates = [os.environ.get("MRL_PYTHON"), shutil.which(f"python{version}")]
+    candidates = [options.settings().python, shutil.which(f"python{version}")]
     candidates += [str(p) for p in sorted(pyenv_root.glob(f"versions/{version}*/bin/python3"), reverse=True)]
     for candidate in filter(None, candidates):
         probe = proc.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False, what=f"probing {candidate}")

@@ -14,6 +14,7 @@ import tarfile
 import tempfile
 import tomllib
 
+from maxtext_rl_overlay import options
 from maxtext_rl_overlay.pins import set_pin_values
 from support import ROOT, TESTS
 
@@ -26,8 +27,7 @@ PROJECT_FILES = ("pyproject.toml", "README.md", "constraints.txt", ".gitignore",
 
 
 def cache_dir() -> pathlib.Path:
-    base = os.environ.get("MRL_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay")
-    return pathlib.Path(base) / "standins"
+    return options.settings().cache_dir / "standins"
 
 
 def fetch(spec: dict) -> pathlib.Path:

@@ -21,7 +21,7 @@ from support import ROOT
 PLATFORM = os.environ.get("MRL_PLATFORM", "cpu")
 
 _PROJECT = load_project(ROOT)
-MATRIX = load_matrix(_PROJECT.config, where=str(ROOT / "pyproject.toml"), quick=os.environ.get("MRL_QUICK") == "1")
+MATRIX = load_matrix(_PROJECT.options.matrix, where=str(ROOT / "pyproject.toml"), quick=os.environ.get("MRL_QUICK") == "1")
 # Lists, as the tests index, slice and extend them.
 MESHES: list[tuple[int, int]] = list(MATRIX.meshes)
 AXIS_TYPES: list[str] = list(MATRIX.axis_types)

@@ -1,0 +1,163 @@
+"""Every way the command can end has its documented status: a wrong command
+line 2, a bad input 3 with one clear line (no traceback), an unexpected error
+4 with a "please report" line (its traceback only under -v). Each case is
+run as a user runs it: `python -m maxtext_rl_overlay ...` in a fresh process."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from maxtext_rl_overlay import __main__ as cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "overlay" / "maxtext_rl_overlay"
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, pythonpath: pathlib.Path | None = None,
+         cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+    full = dict(os.environ, **(env or {}))
+    if pythonpath is not None:
+        full["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", *args], capture_output=True, text=True, env=full, cwd=cwd,
+                          timeout=300)
+
+
+@pytest.fixture
+def project(tmp_path) -> pathlib.Path:
+    dest = tmp_path / "project"
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "patches", dest / "patches")
+    return dest
+
+
+def _edit(path: pathlib.Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def _error_lines(done: subprocess.CompletedProcess) -> list[str]:
+    assert "Traceback" not in done.stderr, done.stderr
+    return [line for line in done.stderr.splitlines() if "error:" in line]
+
+
+# -- 2: the command line was wrong -------------------------------------------
+
+@pytest.mark.parametrize("args, says", [
+    (["rebase"], "NAME and NEW_REF are required"),
+    (["build", "--only", "bogus"], "argument --only: unknown distribution(s) bogus"),
+    (["build", "--source", "bogus=/x"], "argument --source: unknown distribution 'bogus'"),
+    (["build", "--base-url", "ftp://x"], "argument --base-url: 'ftp://x': expected the http(s) URL"),
+    (["build", "--source", "vllm=/x", "--source", "vllm=/y"], "--source vllm given twice"),
+    (["rebase", "--continue", "vllm"], "--continue and --abort take no NAME"),
+    (["rebase", "vllm", "HEAD", "--source", "/a", "--source", "/b"], "given twice"),
+    (["rebase", "vllm", "HEAD", "--source", "bogus=/x"], "unknown distribution 'bogus'"),
+], ids=["rebase-no-arguments", "only-bogus", "source-bogus", "base-url-ftp", "source-twice", "continue-with-name",
+        "rebase-source-twice", "rebase-source-bogus"])
+def test_usage_errors_exit_2_with_the_usage(project, args, says):
+    done = _cli(*args, "--project", str(project))
+    assert done.returncode == cli.ExitCode.USAGE, done.stderr
+    (line,) = _error_lines(done)
+    assert says in line, done.stderr
+    assert done.stderr.startswith("usage: maxtext-rl-overlay "), done.stderr
+
+
+# -- 3: a bad input, said in one line ----------------------------------------
+
+def test_a_revision_that_is_not_a_number(project):
+    _edit(project / "pyproject.toml", "revision = 2\n", 'revision = "two"\n')
+    done = _cli("lint", "--project", str(project))
+    assert done.returncode == cli.ExitCode.ERROR
+    (line,) = _error_lines(done)
+    assert "[tool.maxtext-rl-overlay]: revision must be a whole number (0 or more), not 'two'" in line
+
+
+def test_a_pyproject_that_is_not_toml(project):
+    (project / "pyproject.toml").write_text((project / "pyproject.toml").read_text() + "\n[tool.broken\n")
+    done = _cli("lint", "--project", str(project))
+    assert done.returncode == cli.ExitCode.ERROR
+    (line,) = _error_lines(done)
+    assert re.search(r"pyproject\.toml is not valid TOML: .*\(at line \d+, column \d+\)", line), line
+
+
+def test_an_invalid_requirement_in_the_maxtext_extra(project, tmp_path):
+    _edit(project / "pyproject.toml", 'maxtext = ["maxtext[tpu-post-train]==0.2.4"]', 'maxtext = ["maxtext[tpu-post-train]==0.2.4 ;; x"]')
+    done = _cli("build", "--only", "google-tunix", "--project", str(project), env={"MRL_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == cli.ExitCode.ERROR
+    (line,) = _error_lines(done)
+    assert "the [project.optional-dependencies] extra 'maxtext' must hold exactly one requirement" in line
+    assert "(Expected " in line, line  # packaging's reason, its first line
+
+
+@pytest.fixture
+def index_without_the_file(tmp_path):
+    """A package index (HTTP, 127.0.0.1) whose file list names a MaxText
+    wheel that it does not serve."""
+    served = tmp_path / "index"
+    (served / "maxtext").mkdir(parents=True)
+    listing = {"files": [{"filename": "maxtext-0.2.4-py3-none-any.whl", "url": "../gone/maxtext-0.2.4-py3-none-any.whl",
+                          "hashes": {"sha256": "0" * 64}}]}
+    (served / "maxtext" / "index.html").write_text(json.dumps(listing))
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(served), **kw)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_failed_download_from_the_package_index(project, tmp_path, index_without_the_file):
+    done = _cli("build", "--only", "google-tunix", "--project", str(project),
+                env={"MRL_CACHE_DIR": str(tmp_path / "cache"), "UV_DEFAULT_INDEX": index_without_the_file})
+    assert done.returncode == cli.ExitCode.ERROR
+    (line,) = _error_lines(done)
+    assert "cannot download maxtext-0.2.4-py3-none-any.whl from the package index" in line and "HTTP Error 404" in line
+
+
+@pytest.mark.parametrize("text, says", [("this is not JSON\n", "is not JSON"), ("[1, 2]\n", "is not a JSON object")], ids=["text", "list"])
+def test_a_manifest_that_is_not_json(tmp_path, text, says):
+    copy = tmp_path / "site"
+    shutil.copytree(PACKAGE, copy / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__", "manifest.json"))
+    (copy / PACKAGE.name / "manifest.json").write_text(text)
+    done = _cli("verify", "--no-imports", pythonpath=copy, cwd=tmp_path)
+    assert done.returncode == cli.ExitCode.ERROR
+    (line,) = _error_lines(done)
+    assert f"the installed manifest {says}" in line and "reinstall maxtext-rl-overlay" in line
+
+
+# -- 4: an unexpected error ----------------------------------------------------
+
+def test_an_unexpected_error_is_a_bug_to_report_with_its_traceback_under_v(monkeypatch, capsys):
+    def broken(args):
+        raise RuntimeError("an invariant broke\nsecond line")
+
+    monkeypatch.setattr(cli, "_cmd_lint", broken)
+    assert cli.main(["lint", "--project", str(ROOT)]) == cli.ExitCode.INTERNAL
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines() == [
+        "maxtext-rl-overlay: unexpected error: RuntimeError: an invariant broke",
+        "maxtext-rl-overlay: this is a bug in maxtext-rl-overlay; please report it, with the output of the same command run with -v "
+        "(which shows the traceback).",
+    ]
+    assert cli.main(["lint", "-v", "--project", str(ROOT)]) == cli.ExitCode.INTERNAL
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "RuntimeError: an invariant broke" in err

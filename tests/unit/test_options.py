@@ -1,0 +1,118 @@
+"""The options layer (options.py): pyproject.toml's [tool.maxtext-rl-overlay],
+the pin files and the MRL_* variables are checked and typed where they are
+read, with their defaults in one place and their schema in the README."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from maxtext_rl_overlay import options, pins
+from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.pins import load_project
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def project(tmp_path) -> pathlib.Path:
+    dest = tmp_path / "project"
+    dest.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    shutil.copytree(ROOT / "patches", dest / "patches")
+    return dest
+
+
+def _edit(path: pathlib.Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize("dist, old, new, says", [
+    ("vllm", "torch = true", 'torch = "no"', "[build]: torch must be true or false, not 'no'"),
+    ("google-tunix", "env = {}", "env = { FOO = 1 }", "[build]: env must be a table of strings (NAME = \"value\"), not FOO = 1"),
+    ("vllm", 'requirement-files = ["requirements/tpu.txt", "requirements/common.txt"]', 'requirement-files = "requirements/tpu.txt"',
+     "[build]: requirement-files must be a list of strings"),
+    ("tpu-inference", '"qwix" = "qwix>=0.1.2,<=0.1.8"', '"qwix" = 2', "[build]: requirements must be a table of strings"),
+    ("google-tunix", 'version = "0.1.8"', "version = 0.18", "version must be a string, not 0.18"),
+    ("google-tunix", "[build]\nenv = {}", "[build]\nenv = {}\ntroch = true", "unknown key(s) 'troch' (did you mean 'torch'?)"),
+], ids=["torch-no", "env-int", "requirement-files-string", "requirement-int", "version-float", "build-typo"])
+def test_pin_files_are_type_checked(project, dist, old, new, says):
+    _edit(project / "patches" / dist / "pin.toml", old, new)
+    with pytest.raises(OverlayError) as raised:
+        load_project(project)
+    assert str(raised.value).startswith(str(project / "patches" / dist / "pin.toml")), raised.value
+    assert says in str(raised.value)
+
+
+def test_lint_refuses_a_wrongly_typed_pin_file(project):
+    _edit(project / "patches" / "vllm" / "pin.toml", "torch = true", 'torch = "no"')
+    done = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "lint", "--project", str(project)], capture_output=True, text=True)
+    assert done.returncode == 3 and "torch must be true or false, not 'no'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ("revision = 2\n", "revision = 2\nrevison = 3\n", "[tool.maxtext-rl-overlay]: unknown key(s) 'revison' (did you mean 'revision'?)"),
+    ("overrides-file = ", "overides-file = ", "[tool.maxtext-rl-overlay.maxtext]: unknown key(s) 'overides-file' (did you mean 'overrides-file'?)"),
+    ("find-links = ", "find_links = ", "[tool.maxtext-rl-overlay.torch]: unknown key(s) 'find_links' (did you mean 'find-links'?)"),
+    ("revision = 2\n", "revision = true\n", "revision must be a whole number (0 or more), not True"),
+    ("revision = 2\n", "revision = -1\n", "revision must be a whole number (0 or more), not -1"),
+    ('vllm-adapter = "maxtext/integration/vllm"', "vllm-adapter = 1", "[tool.maxtext-rl-overlay.maxtext]: vllm-adapter must be a string"),
+    ('find-links = ["https://download.pytorch.org/whl/cpu/torch/", "https://download.pytorch.org/whl/cpu/torchvision/"]',
+     'find-links = "https://download.pytorch.org/whl/cpu/torch/"', "[tool.maxtext-rl-overlay.torch]: find-links must be a list of strings"),
+    ('overrides-file = "dependencies/extra_deps/tpu_post_train_overrides.txt"', "", "[tool.maxtext-rl-overlay.maxtext] lacks the key 'overrides-file'"),
+], ids=["revison", "overides-file", "find_links", "revision-bool", "revision-negative", "adapter-int", "find-links-string", "no-overrides-file"])
+def test_the_project_table_is_checked(project, old, new, says):
+    _edit(project / "pyproject.toml", old, new)
+    with pytest.raises(OverlayError, match=re.escape(says)):
+        load_project(project)
+
+
+def test_project_defaults():
+    opts = options.project_options({"revision": 0, "maxtext": {"overrides-file": "o.txt"}}, "pyproject.toml")
+    assert opts == options.ProjectOptions(0, options.MaxTextOptions("o.txt", "maxtext", ""), options.TorchOptions(()), {})
+    real = load_project(ROOT).options
+    assert isinstance(real.revision, int) and real.maxtext.extra == "maxtext" and real.torch.find_links and real.matrix["cells"]
+
+
+def test_environment_defaults_and_checks(tmp_path):
+    home = pathlib.Path("~/.cache/maxtext-rl-overlay").expanduser()
+    assert options.settings({}) == options.Settings(home, False, 24 * 3600.0, None)
+    assert options.settings({"XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "maxtext-rl-overlay"
+    assert options.settings({"MRL_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/elsewhere"}).cache_dir == tmp_path / "c"
+    for on in ("1", "true", "YES", "on"):
+        assert options.settings({"MRL_REFRESH": on}).refresh
+    for off in ("", "0", "false", "no", "off"):
+        assert not options.settings({"MRL_REFRESH": off}).refresh
+    assert options.settings({"MRL_CLOSURE_MAX_AGE": "0"}).closure_max_age == 0
+    assert options.settings({"MRL_CLOSURE_MAX_AGE": "90.5"}).closure_max_age == 90.5
+    assert options.settings({"MRL_PYTHON": "/usr/bin/python3.12"}).python == "/usr/bin/python3.12"
+    for name, value in (("MRL_REFRESH", "maybe"), ("MRL_CLOSURE_MAX_AGE", "-1"), ("MRL_CLOSURE_MAX_AGE", "a day"), ("MRL_CLOSURE_MAX_AGE", "inf")):
+        with pytest.raises(OverlayError, match=re.escape(f"{name}={value!r}: expected")):
+            options.settings({name: value})
+
+
+def test_every_mrl_variable_of_the_tool_is_read_in_options_only():
+    reads = re.compile(r"""\b(?:environ|env)(?:\.get)?\s*[\[(]\s*["'](MRL_\w+)""")
+    package = ROOT / "overlay" / "maxtext_rl_overlay"
+    elsewhere = {f"{p.relative_to(package)}: {m}" for p in package.rglob("*.py") if p.name != "options.py" for m in reads.findall(p.read_text())}
+    assert not elsewhere, "read outside options.py"
+    assert set(reads.findall((package / "options.py").read_text())) == set(options.VARIABLES)
+
+
+def test_the_readme_documents_every_option():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("\n## Configuration\n"):]
+    section = section[: section.index("\n## ", 1)]
+    documented = set(re.findall(r"(?m)^\| `([^`]+)` \|", section))
+    keys = {*options.PROJECT_KEYS - {"maxtext", "torch"}, *(f"maxtext.{k}" for k in options.MAXTEXT_KEYS), *(f"torch.{k}" for k in options.TORCH_KEYS)}
+    keys |= {*pins._PIN_KEYS - {"build", "rebase"}, *(f"build.{k}" for k in pins._BUILD_KEYS), *(f"rebase.{k}" for k in pins._REBASE_KEYS)}
+    keys |= {*options.VARIABLES, *options.TEST_VARIABLES}
+    assert keys <= documented, f"not in README.md's Configuration: {sorted(keys - documented)}"
+    assert documented <= keys, f"documented but not options: {sorted(documented - keys)}"
