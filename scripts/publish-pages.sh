@@ -14,14 +14,22 @@
 # the repository to publish to. Exit: 0 published or already identical, 1 not.
 set -euo pipefail
 dist="" tag="" site="" branch=gh-pages push=""
+usage() {
+  [ $# -eq 0 ] || echo "publish-pages: $*" >&2
+  echo "usage: scripts/publish-pages.sh --dist DIR --tag TAG --site DIR [--branch NAME] [--push]" >&2
+  exit 2
+}
 while [ $# -gt 0 ]; do
+  case "$1" in
+    --dist|--tag|--site|--branch) [ $# -ge 2 ] && [ -n "$2" ] || usage "$1 needs a value" ;;
+  esac
   case "$1" in
     --dist) dist=$2; shift 2 ;;
     --tag) tag=$2; shift 2 ;;
     --site) site=$2; shift 2 ;;
     --branch) branch=$2; shift 2 ;;
     --push) push=1; shift ;;
-    *) echo "usage: scripts/publish-pages.sh --dist DIR --tag TAG --site DIR [--branch NAME] [--push]" >&2; exit 2 ;;
+    *) usage "unknown argument '$1'" ;;
   esac
 done
 [ -n "$dist" ] && [ -n "$tag" ] && [ -n "$site" ] || { echo "publish-pages: --dist, --tag and --site are required" >&2; exit 2; }

@@ -9,13 +9,21 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 platform=cpu wheels="" quick="" standins=""
+usage() {
+  [ $# -eq 0 ] || echo "scripts/test-matrix.sh: $*" >&2
+  echo "usage: scripts/test-matrix.sh [--platform cpu|tpu] [--wheels DIR] [--quick] [--standins]" >&2
+  exit 2
+}
 while [ $# -gt 0 ]; do
+  case "$1" in
+    --platform|--wheels) [ $# -ge 2 ] && [ -n "$2" ] || usage "$1 needs a value" ;;
+  esac
   case "$1" in
     --platform) platform=$2; shift 2 ;;
     --wheels) wheels=$2; shift 2 ;;
     --quick) quick=--quick; shift ;;
     --standins) standins=1; shift ;;
-    *) echo "usage: scripts/test-matrix.sh [--platform cpu|tpu] [--wheels DIR] [--quick] [--standins]" >&2; exit 2 ;;
+    *) usage "unknown argument '$1'" ;;
   esac
 done
 work=${MRL_WORK:-$root/build/test-matrix}

@@ -148,7 +148,7 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from .pins import load_project
 
     project = load_project(_project(args))
-    problems = [problem for pin in project.pins.values() for path in pin.series for problem in patchfile.lint(patchfile.parse(path))]
+    problems = [problem for pin in project.pins.values() for path in pin.series for problem in patchfile.lint_file(path)]
     for problem in problems:
         print(problem)
     count = sum(len(p.series) for p in project.pins.values())

@@ -137,6 +137,18 @@ def lint(patch: PatchFile) -> list[str]:
     return problems
 
 
+def lint_file(path: pathlib.Path) -> list[str]:
+    """The problems of the patch file at `path`; one that cannot be parsed
+    is a problem too (lint reports every patch, it does not stop at one)."""
+    try:
+        patch = parse(path)
+    except OverlayError as exc:
+        return [str(exc)]
+    except (OSError, UnicodeError) as exc:
+        return [f"{path}: cannot be read: {exc}"]
+    return lint(patch)
+
+
 def patch_id(path: pathlib.Path) -> str:
     """`git patch-id --stable`: the same for the same change wherever it applies."""
     out = git("patch-id", "--stable", input=path.read_bytes(), text=False, what=f"git patch-id of {path.name}").stdout.split()

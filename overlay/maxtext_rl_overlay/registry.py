@@ -62,11 +62,6 @@ def files(project: str) -> list[dict[str, Any]]:
     return [dict(entry, url=urllib.parse.urljoin(url, entry["url"])) for entry in listing.get("files", [])]
 
 
-def wheel_name(project: str, version: str) -> str:
-    """The file name of `project`'s pure-Python wheel of `version`."""
-    return _pure_wheel(files(project), project, version)
-
-
 def _pure_wheel(listing: list[dict[str, Any]], project: str, version: str) -> str:
     for entry in listing:
         name = str(entry["filename"])

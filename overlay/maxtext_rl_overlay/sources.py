@@ -37,7 +37,6 @@ class Source:
     from_pin: bool
     origin: str  # what the user gave, for the manifest and messages
     upstream_version: str | None  # PKG-INFO's Version, when the tree is an sdist
-    absent: tuple[str, ...] = ()  # files the git source lacked (outside the package)
     date: str = ""  # the commit date, where git history came with the tree
 
 
@@ -105,9 +104,9 @@ def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str)
     if not (target / ".complete").exists():
         with step(pin.distribution, f"checking out {pin.commit[:12]} from {origin}"):
             _materialize(git_dir, pin, target)
-    # .complete holds the commit, then one line per file the repository lacked.
-    absent = tuple(filter(None, (target / ".complete").read_text().splitlines()[1:]))
-    return Source(pin.distribution, target, tree, pin.commit, True, origin, None, absent, date)
+    # .complete holds the commit, then one line per file the repository lacked
+    # (said when the tree was checked out).
+    return Source(pin.distribution, target, tree, pin.commit, True, origin, None, date)
 
 
 def _materialize(git_dir: pathlib.Path, pin: Pin, target: pathlib.Path) -> None:

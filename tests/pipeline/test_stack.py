@@ -103,7 +103,7 @@ def test_maxtext_install_then_maxtexts_own_installer_then_restore(built, tmp_pat
 
         # MaxText's step: `uv pip install -r post_train_github_deps.txt --no-deps
         # --no-build-isolation`, VLLM_TARGET_DEVICE=tpu, UV_TORCH_BACKEND=cpu.
-        wheel = cache_dir / "releases" / registry.wheel_name("maxtext", "0.2.4")
+        wheel = registry.release_wheel("maxtext", "0.2.4", cache_dir / "releases")  # the build's own, reused
         with zipfile.ZipFile(wheel) as zf:
             deps = zf.read("dependencies/extra_deps/post_train_github_deps.txt").decode()
         tunix_line = next(line for line in deps.splitlines() if line.startswith("google-tunix @ "))

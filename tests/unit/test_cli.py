@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -112,3 +113,32 @@ def test_staged_dir_appears_whole_or_not_at_all(tmp_path):
         (tmp / "b").write_text("2")
     assert sorted(p.name for p in dest.iterdir()) == ["b"] and oct(dest.stat().st_mode & 0o777) == "0o755"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]  # nothing left beside it
+
+
+@pytest.mark.parametrize("script, flag", [("test-matrix.sh", "--platform"), ("test-matrix.sh", "--wheels"), ("publish-pages.sh", "--dist"),
+                                          ("publish-pages.sh", "--tag"), ("publish-pages.sh", "--site"), ("publish-pages.sh", "--branch")])
+def test_a_script_flag_without_its_value_is_a_usage_error(script, flag, tmp_path):
+    done = subprocess.run(["bash", str(ROOT / "scripts" / script), flag], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == cli.ExitCode.USAGE, done.stderr
+    assert f"{flag} needs a value" in done.stderr and "usage: scripts/" in done.stderr
+    assert "unbound variable" not in done.stderr
+
+
+def test_rebase_sh_documents_the_commands_exit_statuses():
+    header = " ".join(line.lstrip("# ") for line in (ROOT / "scripts" / "rebase.sh").read_text().splitlines() if line.startswith("#"))
+    statuses = header[header.index("Exit status"):]
+    assert sorted(int(n) for n in re.findall(r"(?<![\w.-])(\d+) (?:once|at|when|on)\b", statuses)) == sorted(int(c) for c in cli.ExitCode)
+
+
+def test_lint_reports_a_malformed_patch_as_a_finding_and_goes_on(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", project / "pyproject.toml")
+    shutil.copytree(ROOT / "patches", project / "patches")
+    broken = sorted((project / "patches" / "tpu-inference").glob("0002-*.patch"))[0]
+    broken.write_text("not a patch at all\n")
+    done = _cli("lint", "--project", str(project))
+    assert done.returncode == cli.ExitCode.CHECK_FAILED, done.stderr
+    assert f"{broken} is not a git format-patch file" in done.stdout and "Traceback" not in done.stderr
+    count = sum(1 for _ in (project / "patches").glob("*/0*.patch"))
+    assert done.stdout.rstrip().endswith(f"lint: {count} patch(es), 1 problem(s)")
