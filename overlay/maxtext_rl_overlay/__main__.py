@@ -299,11 +299,11 @@ def _run(argv: list[str] | None) -> int:
     except OverlayError as exc:
         print(f"maxtext-rl-overlay: error: {exc}", file=sys.stderr)
         return ExitCode.ERROR
-    except interrupts.Interrupted:
-        print("maxtext-rl-overlay: interrupted while publishing; the new build was published whole.", file=sys.stderr)
-        return ExitCode.INTERRUPTED
     except KeyboardInterrupt:
-        print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
+        if interrupts.published():
+            print("maxtext-rl-overlay: interrupted after the results were published, whole.", file=sys.stderr)
+        else:
+            print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
         return ExitCode.INTERRUPTED
     except Exception as exc:  # anything else is a bug: said so, in one line unless -v
         if args.verbose:

@@ -27,11 +27,8 @@ from collections.abc import Iterator
 _pending: int | None = None
 #: How many `held` blocks the main thread is in.
 _holding = 0
-
-
-class Interrupted(KeyboardInterrupt):
-    """An interrupt that came while the results were being published: they
-    were published whole, and the command stops right after."""
+#: Whether a `publication` has ended: what an interrupt from then on leaves.
+_published = False
 
 
 @contextlib.contextmanager
@@ -39,15 +36,15 @@ def installed() -> Iterator[None]:
     """The handlers of SIGINT and SIGTERM for the block (the command's whole
     run), with no signal recorded; after it, the previous handlers again,
     and the record forgotten."""
-    global _pending
-    _pending = None
+    global _pending, _published
+    _pending, _published = None, False
     previous = {sig: signal.signal(sig, _handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        _pending = None
+        _pending, _published = None, False
 
 
 def _handler(signum: int, frame: types.FrameType | None) -> None:
@@ -58,9 +55,10 @@ def _handler(signum: int, frame: types.FrameType | None) -> None:
         raise KeyboardInterrupt
 
 
-def pending() -> int | None:
-    """The signal that came, or None."""
-    return _pending
+def published() -> bool:
+    """Whether the run's results were published (a `publication` ended):
+    an interrupt from then on leaves them in place."""
+    return _published
 
 
 def check() -> None:
@@ -94,17 +92,20 @@ class held:
             return
         _holding -= 1
         self._active = False
-        if exc_type is None and self._raise_after and _holding == 0 and _pending is not None:
-            raise self._interrupt()
+        if exc_type is None:
+            self._done()
+            if self._raise_after and _holding == 0 and _pending is not None:
+                raise KeyboardInterrupt
 
-    def _interrupt(self) -> KeyboardInterrupt:
-        return KeyboardInterrupt()
+    def _done(self) -> None:
+        pass
 
 
 class publication(held):
     """The end of a run that publishes its results: `begin()` is the last
     point where a signal leaves everything as it was; from there to the end
-    of the block a signal waits, and then raises Interrupted (published)."""
+    of the block a signal waits, and is raised once all is published
+    (`published()` then says so)."""
 
     def __enter__(self) -> publication:
         return self
@@ -113,5 +114,6 @@ class publication(held):
         check()
         self._hold()
 
-    def _interrupt(self) -> KeyboardInterrupt:
-        return Interrupted()
+    def _done(self) -> None:
+        global _published
+        _published = True
