@@ -51,7 +51,7 @@ exit status:
   {ExitCode.ERROR:<3}  the command could not do its work (the message says why and what to do)
   {ExitCode.INTERNAL:<3}  an unexpected error: a bug in the tool, please report it (-v shows the traceback)
   {ExitCode.INTERRUPTED:<3}  interrupted (SIGINT, SIGTERM): the programs it ran stopped, staging folders
-       removed, nothing published (or, if it came while publishing, all of it: the message says)
+       removed, nothing published (or, once publishing had begun, all of it: the message says which)
 """
 
 
