@@ -14,8 +14,6 @@ from . import tomledit
 from .errors import OverlayError
 from .options import ProjectOptions, boolean, project_options, refuse_unknown, string, string_table, strings, table
 
-__all__ = ["refuse_unknown"]  # where the other tables' readers take it from
-
 #: Build order, and the names --only and --source accept.
 DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
 #: Where [build.requirements] overrides look unless a pin's [build]

@@ -21,7 +21,8 @@ from typing import Any, Literal, get_args
 
 from . import options, proc, publish, tables
 from .errors import OverlayError
-from .pins import load_project, refuse_unknown
+from .options import refuse_unknown
+from .pins import load_project
 from .progress import step
 from .publish import STANDIN_OVERRIDES
 
