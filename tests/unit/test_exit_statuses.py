@@ -42,10 +42,11 @@ def project(tmp_path) -> pathlib.Path:
     return dest
 
 
-def _edit(path: pathlib.Path, old: str, new: str) -> None:
-    text = path.read_text()
-    assert old in text, f"{old!r} not in {path}"
-    path.write_text(text.replace(old, new, 1))
+def _edit(path: pathlib.Path, pattern: str, new: str) -> None:
+    """Replace the first match of `pattern` (one line: the value may move)."""
+    text, n = re.subn(pattern, new, path.read_text(), count=1, flags=re.M)
+    assert n == 1, f"{pattern!r} not in {path}"
+    path.write_text(text)
 
 
 def _error_lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -77,7 +78,7 @@ def test_usage_errors_exit_2_with_the_usage(project, args, says):
 # -- 3: a bad input, said in one line ----------------------------------------
 
 def test_a_revision_that_is_not_a_number(project):
-    _edit(project / "pyproject.toml", "revision = 2\n", 'revision = "two"\n')
+    _edit(project / "pyproject.toml", r"^revision = \d+$", 'revision = "two"')
     done = _cli("lint", "--project", str(project))
     assert done.returncode == cli.ExitCode.ERROR
     (line,) = _error_lines(done)
@@ -93,7 +94,7 @@ def test_a_pyproject_that_is_not_toml(project):
 
 
 def test_an_invalid_requirement_in_the_maxtext_extra(project, tmp_path):
-    _edit(project / "pyproject.toml", 'maxtext = ["maxtext[tpu-post-train]==0.2.4"]', 'maxtext = ["maxtext[tpu-post-train]==0.2.4 ;; x"]')
+    _edit(project / "pyproject.toml", r'^maxtext = \["([^"]+)"\]$', r'maxtext = ["\1 ;; x"]')
     done = _cli("build", "--only", "google-tunix", "--project", str(project), env={"MRL_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == cli.ExitCode.ERROR
     (line,) = _error_lines(done)

@@ -28,48 +28,77 @@ def project(tmp_path) -> pathlib.Path:
     return dest
 
 
-def _edit(path: pathlib.Path, old: str, new: str) -> None:
-    text = path.read_text()
-    assert old in text, f"{old!r} not in {path}"
-    path.write_text(text.replace(old, new, 1))
+def _edit(path: pathlib.Path, line: str, new: str) -> None:
+    """Replace the line that starts with `line` (its key, whatever its value)."""
+    text, n = re.subn(rf"(?m)^{re.escape(line)}.*$", lambda m: new.replace("{line}", m.group(0)), path.read_text(), count=1)
+    assert n == 1, f"no line {line!r}... in {path}"
+    path.write_text(text)
 
 
-@pytest.mark.parametrize("dist, old, new, says", [
-    ("vllm", "torch = true", 'torch = "no"', "[build]: torch must be true or false, not 'no'"),
-    ("google-tunix", "env = {}", "env = { FOO = 1 }", "[build]: env must be a table of strings (NAME = \"value\"), not FOO = 1"),
-    ("vllm", 'requirement-files = ["requirements/tpu.txt", "requirements/common.txt"]', 'requirement-files = "requirements/tpu.txt"',
-     "[build]: requirement-files must be a list of strings"),
-    ("tpu-inference", '"qwix" = "qwix>=0.1.2,<=0.1.8"', '"qwix" = 2', "[build]: requirements must be a table of strings"),
-    ("google-tunix", 'version = "0.1.8"', "version = 0.18", "version must be a string, not 0.18"),
-    ("google-tunix", "[build]\nenv = {}", "[build]\nenv = {}\ntroch = true", "unknown key(s) 'troch' (did you mean 'torch'?)"),
-], ids=["torch-no", "env-int", "requirement-files-string", "requirement-int", "version-float", "build-typo"])
-def test_pin_files_are_type_checked(project, dist, old, new, says):
-    _edit(project / "patches" / dist / "pin.toml", old, new)
+# A pin file of our own (the real ones move with every rebase).
+PIN = """\
+distribution = "demo"
+import-package = "demo"
+repository = "https://example.invalid/demo"
+commit = "0123456789abcdef0123456789abcdef01234567"
+tree = ""
+date = ""
+version = "1.0"
+
+[build]
+env = { A = "x" }
+requirement-files = ["pyproject.toml"]
+torch = false
+
+[build.requirements]
+"numpy" = "numpy>=2"
+"""
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ("torch = false", 'torch = "no"', "[build]: torch must be true or false, not 'no'"),
+    ('env = { A = "x" }', "env = { FOO = 1 }", "[build]: env must be a table of strings (NAME = \"value\"), not FOO = 1"),
+    ('requirement-files = ["pyproject.toml"]', 'requirement-files = "pyproject.toml"', "[build]: requirement-files must be a list of strings"),
+    ('"numpy" = "numpy>=2"', '"numpy" = 2', "[build]: requirements must be a table of strings"),
+    ('version = "1.0"', "version = 1.0", "version must be a string, not 1.0"),
+    ('tree = ""', "tree = false", "tree must be a string, not False"),
+    ("torch = false", "torch = false\ntroch = true", "[build]: unknown key(s) 'troch' (did you mean 'torch'?)"),
+    ('version = "1.0"', 'version = "1.0"\nverison = "2.0"', "unknown key(s) 'verison' (did you mean 'version'?)"),
+], ids=["torch-no", "env-int", "requirement-files-string", "requirement-int", "version-float", "tree-bool", "build-typo", "top-typo"])
+def test_pin_files_are_type_checked(tmp_path, old, new, says):
+    directory = tmp_path / "demo"
+    directory.mkdir()
+    (directory / "series").write_text("")
+    assert old in PIN
+    (directory / "pin.toml").write_text(PIN.replace(old, new, 1))
     with pytest.raises(OverlayError) as raised:
-        load_project(project)
-    assert str(raised.value).startswith(str(project / "patches" / dist / "pin.toml")), raised.value
+        pins.read_pin(directory)
+    assert str(raised.value).startswith(str(directory / "pin.toml")), raised.value
     assert says in str(raised.value)
+    (directory / "pin.toml").write_text(PIN)
+    good = pins.read_pin(directory)  # the file as it was is fine
+    assert (good.build_env, good.needs_torch, good.requirement_files) == ({"A": "x"}, False, ("pyproject.toml",))
 
 
 def test_lint_refuses_a_wrongly_typed_pin_file(project):
-    _edit(project / "patches" / "vllm" / "pin.toml", "torch = true", 'torch = "no"')
+    pin = project / "patches" / "vllm" / "pin.toml"
+    pin.write_text(re.sub(r"(?m)^torch = true$", 'torch = "no"', pin.read_text(), count=1))
     done = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "lint", "--project", str(project)], capture_output=True, text=True)
     assert done.returncode == 3 and "torch must be true or false, not 'no'" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("old, new, says", [
-    ("revision = 2\n", "revision = 2\nrevison = 3\n", "[tool.maxtext-rl-overlay]: unknown key(s) 'revison' (did you mean 'revision'?)"),
-    ("overrides-file = ", "overides-file = ", "[tool.maxtext-rl-overlay.maxtext]: unknown key(s) 'overides-file' (did you mean 'overrides-file'?)"),
-    ("find-links = ", "find_links = ", "[tool.maxtext-rl-overlay.torch]: unknown key(s) 'find_links' (did you mean 'find-links'?)"),
-    ("revision = 2\n", "revision = true\n", "revision must be a whole number (0 or more), not True"),
-    ("revision = 2\n", "revision = -1\n", "revision must be a whole number (0 or more), not -1"),
-    ('vllm-adapter = "maxtext/integration/vllm"', "vllm-adapter = 1", "[tool.maxtext-rl-overlay.maxtext]: vllm-adapter must be a string"),
-    ('find-links = ["https://download.pytorch.org/whl/cpu/torch/", "https://download.pytorch.org/whl/cpu/torchvision/"]',
-     'find-links = "https://download.pytorch.org/whl/cpu/torch/"', "[tool.maxtext-rl-overlay.torch]: find-links must be a list of strings"),
-    ('overrides-file = "dependencies/extra_deps/tpu_post_train_overrides.txt"', "", "[tool.maxtext-rl-overlay.maxtext] lacks the key 'overrides-file'"),
+@pytest.mark.parametrize("line, new, says", [
+    ("revision = ", "{line}\nrevison = 3", "[tool.maxtext-rl-overlay]: unknown key(s) 'revison' (did you mean 'revision'?)"),
+    ("overrides-file = ", "{line}\noverides-file = 'x'", "[tool.maxtext-rl-overlay.maxtext]: unknown key(s) 'overides-file' (did you mean 'overrides-file'?)"),
+    ("find-links = ", "{line}\nfind_links = []", "[tool.maxtext-rl-overlay.torch]: unknown key(s) 'find_links' (did you mean 'find-links'?)"),
+    ("revision = ", "revision = true", "revision must be a whole number (0 or more), not True"),
+    ("revision = ", "revision = -1", "revision must be a whole number (0 or more), not -1"),
+    ("vllm-adapter = ", "vllm-adapter = 1", "[tool.maxtext-rl-overlay.maxtext]: vllm-adapter must be a string"),
+    ("find-links = ", 'find-links = "https://download.pytorch.org/whl/cpu/torch/"', "[tool.maxtext-rl-overlay.torch]: find-links must be a list of strings"),
+    ("overrides-file = ", "", "[tool.maxtext-rl-overlay.maxtext] lacks the key 'overrides-file'"),
 ], ids=["revison", "overides-file", "find_links", "revision-bool", "revision-negative", "adapter-int", "find-links-string", "no-overrides-file"])
-def test_the_project_table_is_checked(project, old, new, says):
-    _edit(project / "pyproject.toml", old, new)
+def test_the_project_table_is_checked(project, line, new, says):
+    _edit(project / "pyproject.toml", line, new)
     with pytest.raises(OverlayError, match=re.escape(says)):
         load_project(project)
 
