@@ -103,6 +103,13 @@ def test_the_project_table_is_checked(project, line, new, says):
         load_project(project)
 
 
+def test_lint_checks_the_matrix_table_too(project):
+    _edit(project / "pyproject.toml", "axis-types = ", "axis_types = []")
+    done = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "lint", "--project", str(project)], capture_output=True, text=True)
+    assert done.returncode == 3, done.stderr
+    assert "[tool.maxtext-rl-overlay.matrix]: unknown key(s) 'axis_types' (did you mean 'axis-types'?)" in done.stderr
+
+
 def test_project_defaults():
     opts = options.project_options({"revision": 0, "maxtext": {"overrides-file": "o.txt"}}, "pyproject.toml")
     assert opts == options.ProjectOptions(0, options.MaxTextOptions("o.txt", "maxtext", ""), options.TorchOptions(()), {})
