@@ -1,27 +1,36 @@
-"""Benchmark: vocab-sharded top-k in tpu-inference's gather_logprobs (patch 0002)
-against the reshard-only patch (0001) and the same computation on one device.
+"""Benchmark: vocab-sharded top-k in tpu-inference's gather_logprobs (patch 0002),
+in the engine's configuration and under Explicit axes.
 
     VENV/bin/python tests/bench/bench_logprobs.py
 
 VENV must hold the installed overlay wheels (scripts/test-matrix.sh with
 MRL_KEEP=1 leaves one in <work>/cells/py312/venv). One process, an 8-device
-CPU simulation of a TPU v6e-8, mesh (1, 8) = ("data", "model"), Explicit axes,
-float32 logits [B, V] sharded P("data", "model") as in the MaxText report,
-token ids replicated. For B in {8, 256}, V = 128256, k in {1, 20} it prints the
+CPU simulation of a TPU v6e-8, mesh (1, 8) = ("data", "model"), float32
+logits [B, V]. For B in {8, 256}, V = 128256, k in {1, 20} it prints the
 median wall time of `compute_and_gather_logprobs` (jitted, compiled once,
-RUNS runs after WARMUP) for:
+RUNS runs after WARMUP) and the bytes the collectives yield (summed over the
+compiled HLO's all-gather / all-reduce / all-to-all / collective-permute /
+reduce-scatter result shapes), in two configurations:
 
-  patched   the installed module (0001 + 0002: shard-local top-k)
-  reshard   0001 only: upstream's file rebuilt from the installed one
-            (tests/support/fixes/unpatched.py) with the patches before 0002 applied
-  single    the installed module on one device, unsharded inputs
+  engine    the mesh the runner builds (TPUModelRunner._init_mesh given
+            Tunix's device_indexes: Auto axes, the backport of 984b29c49),
+            logits P(MLP_DATA, MLP_TENSOR) and token ids P(), as the
+            runner's precompilation places them; variants:
+              overlay   the installed module
+              upstream  upstream's file (support/fixes/unpatched.py)
+  explicit  jax.make_mesh's default (Explicit axes), logits P("data", "model")
+            as in the MaxText report, token ids P(); variants:
+              patched   the installed module (0001 + 0002: shard-local top-k)
+              reshard   0001 only: upstream's file with the patches before 0002
 
-and the bytes the collectives yield, summed over the compiled HLO's
-all-gather / all-reduce / all-to-all / collective-permute / reduce-scatter
-result shapes. exact: same ids and ranks as `single`, logprobs to float
-rounding. The last line is for B=256, k=20:
+and `single`: the installed module on one device, unsharded inputs. exact:
+same ids and ranks as `single`, logprobs to float rounding. `same_program`
+says whether the overlay's program in the engine configuration is
+upstream's (its StableHLO text): then 0002 does not engage there. The last
+line gives ratios measured in this run, for B=256, k=20:
 
-  speedup_vs_reshard=<reshard/patched> bytes_ratio=<patched/reshard bytes> exact=<true|false>
+  engine: same_program=<bool> overlay/upstream time=<x> | explicit: reshard/patched time=<x> patched/reshard bytes=<y> |
+  engine overlay / explicit patched: time=<x> bytes=<y> exact=<bool>
 
 Asserts nothing; times are of this machine, shared or not.
 """
@@ -51,6 +60,7 @@ from support.fixes.unpatched import load_before  # noqa: E402
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
 THIS_PATCH = "0002-"
+FN = "compute_and_gather_logprobs"
 V = 128256
 BATCHES = (8, 256)
 KS = (1, 20)
@@ -91,42 +101,70 @@ def same(got, want) -> bool:
     )
 
 
+def lowered_text(fn, *args) -> str:
+    return fn.lower(*args).as_text()
+
+
+def run_variants(variants, x, t, k, want, mesh) -> dict:
+    stats = {}
+    with jax.set_mesh(mesh):
+        for variant, module in variants:
+            fn = getattr(module, FN)
+            compiled = fn.lower(x, t, k).compile()
+            stats[variant] = (median_seconds(compiled, x, t), collective_bytes(compiled), same(result(compiled(x, t)), want))
+    return stats
+
+
 def main() -> None:
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    from support.fixes.runner import create_2d_mesh, overlay_runner
+    from support.fixes.unpatched import load_unpatched
+
     patched = importlib.import_module(MODULE)
+    upstream = load_unpatched("tpu-inference", MODULE)
     reshard = load_reshard_only()
-    fn_name = "compute_and_gather_logprobs"
-    mesh = jax.make_mesh(MESH, ("data", "model"))  # Explicit axes: jax 0.11's default
+    engine_mesh = create_2d_mesh(overlay_runner(), MESH, list(range(MESH[0] * MESH[1])))
+    explicit_mesh = jax.make_mesh(MESH, ("data", "model"))  # Explicit axes: jax 0.11's default
+    engine_spec = P(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR)
     device = jax.devices()[0]
     rng = np.random.default_rng(0)
-    print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices, mesh {MESH} "
-          f"Explicit, logits float32 [B, {V}] P('data', 'model'), median of {RUNS} runs")
-    print(f"{'B':>4} {'k':>3} {'variant':>8} {'median_ms':>10} {'collective_bytes':>17} {'exact':>6}")
+    print(f"jax {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices, mesh {MESH}, logits float32 [B, {V}], "
+          f"median of {RUNS} runs")
+    print(f"engine: mesh axis types {tuple(str(t) for t in engine_mesh.axis_types)}, logits {engine_spec}; "
+          f"explicit: {tuple(str(t) for t in explicit_mesh.axis_types)}, logits P('data', 'model')")
+    print(f"{'B':>4} {'k':>3} {'config':>8} {'variant':>8} {'median_ms':>10} {'collective_bytes':>17} {'exact':>6}")
     last = None
     for b in BATCHES:
         logits = rng.standard_normal((b, V), dtype=np.float32) * 4
         tokens = rng.integers(0, V, b).astype(np.int32)
-        x = jax.device_put(logits, NamedSharding(mesh, P("data", "model")))
-        t = jax.device_put(tokens, NamedSharding(mesh, P()))
         x1, t1 = jax.device_put(logits, device), jax.device_put(tokens, device)
+        xa = jax.device_put(logits, NamedSharding(engine_mesh, engine_spec))
+        ta = jax.device_put(tokens, NamedSharding(engine_mesh, P()))
+        xe = jax.device_put(logits, NamedSharding(explicit_mesh, P("data", "model")))
+        te = jax.device_put(tokens, NamedSharding(explicit_mesh, P()))
         for k in KS:
-            single = getattr(patched, fn_name).lower(x1, t1, k).compile()
+            single = getattr(patched, FN).lower(x1, t1, k).compile()
             want = result(single(x1, t1))
-            stats = {}
-            with jax.set_mesh(mesh):
-                for variant, module in (("patched", patched), ("reshard", reshard)):
-                    compiled = getattr(module, fn_name).lower(x, t, k).compile()
-                    stats[variant] = (
-                        median_seconds(compiled, x, t),
-                        collective_bytes(compiled),
-                        same(result(compiled(x, t)), want),
-                    )
-            stats["single"] = (median_seconds(single, x1, t1), collective_bytes(single), True)
-            for variant, (seconds, nbytes, exact) in stats.items():
-                print(f"{b:>4} {k:>3} {variant:>8} {seconds * 1e3:>10.2f} {nbytes:>17} {str(exact).lower():>6}")
+            stats = {
+                "engine": run_variants((("overlay", patched), ("upstream", upstream)), xa, ta, k, want, engine_mesh),
+                "explicit": run_variants((("patched", patched), ("reshard", reshard)), xe, te, k, want, explicit_mesh),
+                "single": {"single": (median_seconds(single, x1, t1), collective_bytes(single), True)},
+            }
+            with jax.set_mesh(engine_mesh):
+                same_program = lowered_text(getattr(patched, FN), xa, ta, k) == lowered_text(getattr(upstream, FN), xa, ta, k)
+            for config, variants in stats.items():
+                for variant, (seconds, nbytes, exact) in variants.items():
+                    print(f"{b:>4} {k:>3} {config:>8} {variant:>8} {seconds * 1e3:>10.2f} {nbytes:>17} {str(exact).lower():>6}")
+            print(f"{b:>4} {k:>3}   engine: overlay's program is upstream's: {str(same_program).lower()}")
             if (b, k) == (256, 20):
-                last = stats
-    (p_s, p_b, p_x), (r_s, r_b, _) = last["patched"], last["reshard"]
-    print(f"speedup_vs_reshard={r_s / p_s:.1f} bytes_ratio={p_b / r_b:.4f} exact={str(p_x).lower()}")
+                last = stats, same_program
+    stats, same_program = last
+    (o_s, o_b, o_x), (u_s, _, _) = stats["engine"]["overlay"], stats["engine"]["upstream"]
+    (p_s, p_b, p_x), (r_s, r_b, _) = stats["explicit"]["patched"], stats["explicit"]["reshard"]
+    print(f"engine: same_program={str(same_program).lower()} overlay/upstream time={o_s / u_s:.2f} | "
+          f"explicit: reshard/patched time={r_s / p_s:.1f} patched/reshard bytes={p_b / r_b:.4f} | "
+          f"engine overlay / explicit patched: time={o_s / p_s:.1f} bytes={o_b / p_b:.0f} exact={str(o_x and p_x).lower()}")
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@ how far it gets, upstream and with the overlay.
 support/fixes/engine_start.py (run in a process of its own) starts `vllm.LLM` with a tiny
 randomly initialised Llama (`load_format="dummy"`), tensor parallelism over
 the 8 devices and the `device_indexes` Tunix always passes, so the runner's
-mesh is ("data": 1, "model": 8) with Explicit axes. It records every
-compilation the compilation manager makes and where the engine stopped.
+mesh is ("data": 1, "model": 8), built by `TPUModelRunner._create_2d_mesh`.
+It records every compilation the compilation manager makes and where the
+engine stopped.
 
-- Upstream (the pin's sampler): the engine dies where the report says, while
+- Upstream (the pin's `_create_2d_mesh` and sampler): the mesh has Explicit
+  axes (`jax.make_mesh`), and the engine dies where the report says, while
   `TPUWorker.initialize_from_config` precompiles the sampler before allocating
   the KV caches: `_precompile_gather_logprobs` raises the report's
   ShardingTypeError ("The input should be unsharded over the axis along which
@@ -15,16 +17,16 @@ compilation the compilation manager makes and where the engine stopped.
   axis=1"). Before it, lowering each of the four `sample` variants failed with
   the AssertionError of `with_sharding_constraint` under Explicit axes, which
   the compilation manager logs and leaves to the warm-up call.
-- The overlay: every sampler compilation lowers, compiles and warms up, the
-  KV caches are allocated, and `capture_model` starts. The engine then stops
-  in the first warm-up of the model backbone, in tpu-inference's flax_nnx
-  Llama: `nnx.Embed` (`jnp.take` on the vocab-sharded embedding table, with
-  batch-sharded token ids) raises ShardingTypeError under Explicit axes. That
-  is a bug of the model code under Explicit axes, outside this series; the
-  test pins it so that a change in how far the engine gets is seen. On the CPU
-  the backbone could not run anyway: its attention is the TPU Pallas kernel
-  ragged_paged_attention (under Auto axes the CPU stops there, "Unsupported
-  TPU device kind: cpu").
+- The overlay: the mesh has Auto axes (the backport of upstream's 984b29c49),
+  every sampler compilation lowers, compiles and warms up, the KV caches are
+  allocated, and `capture_model` warms up the model backbone: past the
+  embedding (`nnx.Embed`, which under the pin's Explicit axes raised
+  ShardingTypeError, "Use `.at[...].get(out_sharding=)`"), into the first
+  decoder layer's attention. On the CPU it stops there: the attention is the
+  TPU Pallas kernel ragged_paged_attention, whose `pltpu.get_tpu_info()`
+  raises "Unsupported TPU device kind: cpu" (a CPU stand-in for the kernel is
+  test-side work of its own). The test pins that point so that a change in how
+  far the engine gets is seen.
 
 On the CPU simulation, engine_start.py stands in for the devices' memory
 statistics, which CPU devices do not have (see its docstring).
@@ -47,7 +49,8 @@ REPORT = (
     "The input should be unsharded over the axis along which to compute the top_k values. "
     "Got input type=float32[8@data,1024@model] and axis=1"
 )
-EMBED_GATHER = "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"
+# Where the CPU stops the overlay's engine: the TPU attention kernel asks for the TPU's VMEM size.
+KERNEL_ON_CPU = "Unsupported TPU device kind: cpu"
 SAMPLER_COMPILATIONS = [
     ("sample", {"num_reqs": "8", "do_sampling": "True", "logprobs": "True"}),
     ("sample", {"num_reqs": "8", "do_sampling": "True", "logprobs": "False"}),
@@ -73,10 +76,10 @@ def start_engine(tmp_path, *args) -> dict:
     return result
 
 
-def check_mesh(result):
+def check_mesh(result, axis_type: str):
     assert result["mesh"] == {
         "shape": {"data": 1, "model": 8},
-        "axis_types": ["AxisType.Explicit", "AxisType.Explicit"],
+        "axis_types": [f"AxisType.{axis_type}"] * 2,
     }, result.get("mesh")
 
 
@@ -92,7 +95,7 @@ def describe(result) -> str:
 
 def test_unpatched_engine_start_dies_in_the_sampler_precompile(tmp_path):
     result = start_engine(tmp_path, "--upstream")
-    check_mesh(result)
+    check_mesh(result, "Explicit")
     stopped = result.get("stopped")
     assert stopped and not result.get("started"), describe(result)
     assert stopped["type"] == "jax._src.core.ShardingTypeError", describe(result)
@@ -117,9 +120,9 @@ def test_unpatched_engine_start_dies_in_the_sampler_precompile(tmp_path):
     assert not any(e["event"] == "flushed" for e in events)
 
 
-def test_engine_start_gets_past_the_sampler_precompile(tmp_path):
+def test_engine_start_gets_past_the_sampler_and_the_embedding(tmp_path):
     result = start_engine(tmp_path)
-    check_mesh(result)
+    check_mesh(result, "Auto")
     events = events_of(result, "initialize_from_config")
     compiled = [(e["name"], e["shapes"]) for e in events if e["event"] == "compile"]
     assert compiled == SAMPLER_COMPILATIONS, compiled
@@ -136,10 +139,17 @@ def test_engine_start_gets_past_the_sampler_precompile(tmp_path):
     # Nothing of the sampler is on the way any more.
     assert not any(re.search(r"sample/|binary_search", f["file"]) for f in stopped["frames"]), describe(result)
     assert stopped["step"] == "capture_model", describe(result)
+    functions = [(f["file"], f["function"], f["line"]) for f in stopped["frames"]]
+    # Past the embedding: in the first decoder layer, which llama3's model calls after it.
+    assert ("tpu_inference/models/jax/llama3.py", "__call__", "kv_cache, x = layer(") in functions, describe(result)
+    assert ("tpu_inference/models/jax/llama3.py", "__call__", "new_kv_cache, outputs = attention(") in functions, describe(result)
+    assert not any(f["file"].startswith("flax/") for f in stopped["frames"]), describe(result)
     if PLATFORM == "cpu":
-        # Where it stops now: the model backbone's embedding under Explicit axes.
-        assert stopped["type"] == "jax._src.core.ShardingTypeError", describe(result)
-        assert EMBED_GATHER in stopped["message"], describe(result)
-        functions = [(f["file"], f["function"], f["line"]) for f in stopped["frames"]]
-        assert ("tpu_inference/models/jax/llama3.py", "__call__", "x = self.embed(input_ids)") in functions, describe(result)
-        assert ("flax/nnx/nn/linear.py", "__call__", "return jnp.take(embedding, inputs, axis=0)") in functions, describe(result)
+        # Where the CPU stops it: the TPU Pallas attention kernel, traced on a CPU device.
+        assert stopped["type"] == "builtins.ValueError", describe(result)
+        assert stopped["message"] == KERNEL_ON_CPU, describe(result)
+        assert functions[-2:] == [
+            ("tpu_inference/kernels/ragged_paged_attention/v3/kernel.py", "ragged_paged_attention",
+             "vmem_limit_bytes = pltpu.get_tpu_info().vmem_capacity_bytes"),
+            ("jax/_src/pallas/mosaic/tpu_info.py", "get_tpu_info", 'raise ValueError(f"Unsupported TPU device kind: {device_kind}")'),
+        ], describe(result)

@@ -10,15 +10,18 @@ it in the test process:
 It starts `vllm.LLM` in the engine process itself (no engine-core
 subprocess), as Tunix's vLLM rollout configures it for a ("data", "model")
 mesh of the 8 devices: `tensor_parallel_size=8` and the sharding strategy's
-`device_indexes`, with which the runner builds its mesh with `jax.make_mesh`
-(Explicit axes). The model is a tiny Llama (2 layers, hidden 128, 8 heads,
+`device_indexes`, with which the runner builds its mesh in `_create_2d_mesh`
+(the overlay's: Auto axes, the backport of 984b29c49; the pin's: Explicit,
+`jax.make_mesh`). The model is a tiny Llama (2 layers, hidden 128, 8 heads,
 vocab 1024) described by a config.json alone, with `load_format="dummy"`
 (random weights) and no tokenizer. If the engine starts, it generates 4
 tokens greedily from a fixed prompt.
 
-`--upstream` binds the pin's sampler (sampling.py, binary_search.py with the
-series reverse-applied, see unpatched.py) where the compilation manager looks
-it up, as tests/fixes/tpu-inference/test_series_precompile.py does.
+`--upstream` runs the pin's code where the series changed it: the pin's
+`TPUModelRunner._create_2d_mesh` (tpu_runner.py with the series
+reverse-applied, see unpatched.py) in the installed runner class, and the
+pin's sampler (sampling.py, binary_search.py) where the compilation manager
+looks it up, as tests/fixes/tpu-inference/test_series_precompile.py does.
 
 RESULT.json holds: the runner's mesh; every compilation the compilation
 manager ran (`_run_compilation`) and each `_flush_compilations` that completed,
@@ -114,7 +117,10 @@ def main() -> int:
     from tpu_inference.worker.tpu_worker import TPUWorker
 
     if upstream:
+        from support.fixes.runner import pin_runner
         from support.fixes.unpatched import load_unpatched
+
+        TPUModelRunner._create_2d_mesh = pin_runner()._create_2d_mesh
 
         bsearch = load_unpatched("tpu-inference", "tpu_inference.layers.common.binary_search")
         sampling = load_unpatched("tpu-inference", "tpu_inference.layers.jax.sample.sampling")
