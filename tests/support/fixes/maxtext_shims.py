@@ -34,6 +34,7 @@ import contextlib
 import importlib
 import importlib.util
 import os
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -187,6 +188,18 @@ def train_rl_patches():
         tunix_utils._apply_dtype_cast = orig_cast
         tunix_utils._bulk_align_and_unstack = orig_bulk
         tunix_utils._unstack_scanned_param = orig_unstack
+
+
+@contextlib.contextmanager
+def train_rl_patches_on(module):
+    """MaxText's real train_rl patches, made on `module` (e.g. upstream's
+    tunix.generate.utils, support/fixes/unpatched.py) instead of the installed
+    one: the context manager patches whatever its module global `tunix_utils`
+    names. Needs maxtext installed."""
+    if TRAIN_RL is None:
+        raise RuntimeError("train_rl_patches_on needs maxtext installed (the matrix's MaxText cell).")
+    with mock.patch.object(TRAIN_RL, "tunix_utils", module), TRAIN_RL._tpu_inference_compat_patches():
+        yield
 
 
 @contextlib.contextmanager
