@@ -64,6 +64,7 @@ of installed packages), and "checks".
 from __future__ import annotations
 
 import argparse
+import importlib.abc
 import importlib.util
 import json
 import os
@@ -265,78 +266,93 @@ def argv_for(config: str, work: pathlib.Path, inputs: dict) -> list[str]:
     ]
 
 
-def _top_level(tree) -> list:
-    """The module's top-level statements, those under if/try included."""
-    import ast
+class ImportSnapshots(importlib.abc.MetaPathFinder):
+    """Remembers what each module of the upstreams holds when its import
+    ends (its functions and classes, and its classes' functions), so that
+    `replaced_functions` can tell what was rebound after that. Delegates the
+    finding to the rest of sys.meta_path (installed first in it)."""
 
-    out, todo = [], list(tree.body)
-    while todo:
-        node = todo.pop(0)
-        if isinstance(node, (ast.If, ast.Try)):
-            todo[:0] = node.body + node.orelse + getattr(node, "finalbody", []) + [
-                s for h in getattr(node, "handlers", []) for s in h.body]
+    def __init__(self):
+        self.snapshots: dict[str, dict] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] not in UPSTREAMS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
         else:
-            out.append(node)
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_and_snapshot(module):
+            exec_module(module)
+            self.snapshots[fullname] = _snapshot(module)
+
+        loader.exec_module = exec_and_snapshot
+        return spec
+
+
+def _snapshot(module) -> dict:
+    out = {}
+    for attr, value in vars(module).items():
+        if callable(value):
+            out[attr] = value
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                out[(attr,)] = {k: v for k, v in vars(value).items() if callable(v) or isinstance(v, (staticmethod, classmethod))}
     return out
 
 
-def _same_file(code, path: str) -> bool:
-    return os.path.realpath(code.co_filename) == os.path.realpath(path)
+SNAPSHOTS = ImportSnapshots()
+
+
+def _origin(value) -> str:
+    """The file whose code `value` (a function, method or class) is."""
+    value = getattr(value, "__func__", value)
+    code = getattr(value, "__code__", None)
+    if code is not None:
+        return code.co_filename
+    module = sys.modules.get(getattr(value, "__module__", "") or "")
+    return getattr(module, "__file__", None) or repr(value)[:80]
 
 
 def replaced_functions() -> dict[str, list[str]]:
-    """What in the upstreams' imported modules is not what their installed
-    files make it, read against each file's own source: a function or method
-    the file defines whose code comes from elsewhere, a name the file imports
-    (`from M import f`) bound to something other than M's f; and jax.lax
-    functions (which the upstreams call) that are not jax's."""
-    import ast
-
+    """What was rebound in the upstreams' modules after their import ended: a
+    function or class of a module, or a function of one of its classes, that
+    is no longer the object the import left there (ImportSnapshots); and
+    jax.lax functions (which the upstreams call) that are not jax's. Each with
+    the file of the code now there. The CPU stand-ins (STAND_INS) apart."""
     import jax
 
     found = []
-    for name, module in sorted(sys.modules.items()):
-        path = getattr(module, "__file__", None) if module is not None else None
-        if name.split(".")[0] not in UPSTREAMS or not path or not path.endswith(".py"):
+    for name, snapshot in sorted(SNAPSHOTS.snapshots.items()):
+        module = sys.modules.get(name)
+        if module is None:
             continue
-        try:
-            tree = ast.parse(pathlib.Path(path).read_text())
-        except (OSError, SyntaxError, ValueError):
-            continue
-        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
-        nodes = _top_level(tree)
-        defined = {n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-        for node in nodes:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                code = getattr(vars(module).get(node.name), "__code__", None)
-                if code is not None and not _same_file(code, path):
-                    found.append((f"{name}.{node.name}", f"code from {code.co_filename}"))
-            elif isinstance(node, ast.ClassDef):
-                cls = vars(module).get(node.name)
-                for item in node.body if isinstance(cls, type) else ():
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        code = getattr(vars(cls).get(item.name), "__code__", None)
-                        if code is not None and not _same_file(code, path):
-                            found.append((f"{name}.{node.name}.{item.name}", f"code from {code.co_filename}"))
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-                origin = sys.modules.get(base)
-                for alias in node.names:
-                    bound = alias.asname or alias.name
-                    if origin is None or alias.name == "*" or bound in defined or bound not in vars(module) or not hasattr(origin, alias.name):
-                        continue
-                    value, want = vars(module)[bound], getattr(origin, alias.name)
-                    if callable(want) and value is not want and not isinstance(want, type(sys)):
-                        found.append((f"{name}.{bound}", f"not {base}.{alias.name} but {value!r:.80}"))
+        now = vars(module)
+        for key, value in snapshot.items():
+            if isinstance(key, tuple):
+                cls = now.get(key[0])
+                if not isinstance(cls, type):
+                    continue
+                for attr, method in value.items():
+                    current = vars(cls).get(attr)
+                    if current is not None and current is not method:
+                        found.append((f"{name}.{key[0]}.{attr}", _origin(current)))
+            elif key in now and now[key] is not value:
+                found.append((f"{name}.{key}", _origin(now[key])))
     for attr in ("with_sharding_constraint", "top_k"):
         fn = getattr(jax.lax, attr)
         if not getattr(fn, "__module__", "").startswith("jax"):
-            found.append((f"jax.lax.{attr}", f"{fn.__module__}.{fn.__qualname__}"))
-    return {"replaced": sorted(f"{n}: {why}" for n, why in found if n not in STAND_INS),
-            "stand_ins": sorted(f"{n}: {why}" for n, why in found if n in STAND_INS)}
+            found.append((f"jax.lax.{attr}", _origin(fn)))
+    return {"replaced": sorted(f"{n}: {where}" for n, where in found if n not in STAND_INS),
+            "stand_ins": sorted(f"{n}: {where}" for n, where in found if n in STAND_INS)}
 
 
 #: The names the CPU stand-ins replace (cpu_stand_ins), which replaced_functions
@@ -402,6 +418,7 @@ def main() -> int:
         from support.fixes.unpatched import upstream_imports
 
         run.result["upstream_modules"] = upstream_imports(("google-tunix", "tpu-inference"))
+    sys.meta_path.insert(0, SNAPSHOTS)  # before any upstream module is imported (it delegates to the finders after it)
     work = pathlib.Path(tempfile.mkdtemp(prefix="train-rl-"))
     try:
         drive(run, args, work)
@@ -490,22 +507,31 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
             run.write()
 
         rl_cluster.sync_weights = timed_sync_weights
-        with run.step("train"):
-            began = [time.monotonic()]
-            rl_trainer.train(train_dataset)
-        run.result["global_steps"] = rl_cluster.global_steps
-        checks["replaced_after_train"] = replaced_functions()
-        actor_final = nnx.to_pure_dict(nnx.state(actor_model.base, nnx.Param))
-        ref_final = nnx.to_pure_dict(nnx.state(reference_model.base, nnx.Param))
+
+        def compare_parameters():
+            # MaxText's test's checks; made even where training stops (after
+            # the actor's update, in the weight sync), to show how far it got.
+            actor_final = nnx.to_pure_dict(nnx.state(actor_model.base, nnx.Param))
+            ref_final = nnx.to_pure_dict(nnx.state(reference_model.base, nnx.Param))
+            same = lambda a, b: bool(jax.tree_util.tree_all(jax.tree_util.tree_map(jnp.array_equal, a, b)))  # noqa: E731
+            checks["reference_unchanged"] = same(ref_initial, ref_final)
+            checks["actor_changed"] = not same(actor_initial, actor_final)
+            checks["actor_differs_from_reference"] = not same(ref_final, actor_final)
+            checks["replaced_after_train"] = replaced_functions()
+            run.result["global_steps"] = rl_cluster.global_steps
+
+        try:
+            with run.step("train"):
+                began = [time.monotonic()]
+                rl_trainer.train(train_dataset)
+        finally:
+            with contextlib.suppress(Exception):
+                with jax.transfer_guard("allow"):
+                    compare_parameters()
         with run.step("probe_after"):
             checks["probe_after"] = prompt_logprobs(rollout)
         with run.step("evaluate_after"):
             checks["metrics_after"] = list(evaluate())
-        equal = jax.tree_util.tree_map(jnp.array_equal, ref_initial, ref_final)
-        checks["reference_unchanged"] = bool(jax.tree_util.tree_all(equal))
-        checks["actor_changed"] = not jax.tree_util.tree_all(jax.tree_util.tree_map(jnp.array_equal, actor_initial, actor_final))
-        checks["actor_differs_from_reference"] = not jax.tree_util.tree_all(
-            jax.tree_util.tree_map(jnp.array_equal, ref_final, actor_final))
     run.result["finished"] = True
 
 
