@@ -12,6 +12,8 @@ difference between the two is what the series changed in that file.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import pathlib
 import shutil
@@ -42,8 +44,16 @@ def unpatched_source(distribution: str, module: str) -> str:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(f"{module} is not installed")
-    installed = pathlib.Path(spec.origin)
-    relpath = module.replace(".", "/") + ".py"
+    text = _reverse_series(distribution, pathlib.Path(spec.origin), module.replace(".", "/") + ".py")
+    if text is None:
+        raise LookupError(f"{module} is not upstream's: the series adds it")
+    return text
+
+
+def _reverse_series(distribution: str, installed: pathlib.Path, relpath: str) -> str | None:
+    """`installed` (the file at `relpath` of the distribution) with every
+    patch of the series that touches it reverse-applied; None where the
+    series created the file."""
     patches = [p for p in series(distribution) if relpath in _touched(p)]
     if not patches:
         raise LookupError(f"no patch of patches/{distribution}/series touches {relpath}")
@@ -59,7 +69,48 @@ def unpatched_source(distribution: str, module: str) -> str:
                     f"{installed} does not carry {patch.name} exactly "
                     f"(git apply -R failed): {proc.stderr.strip()}"
                 )
-        return target.read_text()
+        return target.read_text() if target.exists() else None
+
+
+class _UpstreamFinder(importlib.abc.MetaPathFinder):
+    """Imports the modules the series touch as upstream ships them, under
+    their own names (see `upstream_imports`)."""
+
+    def __init__(self, modules: dict[str, str]):
+        self.modules = modules  # module name -> distribution
+
+    def find_spec(self, fullname, path=None, target=None):
+        distribution = self.modules.get(fullname)
+        if distribution is None:
+            return None
+        installed = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if installed is None or installed.origin is None:
+            return None
+        text = _reverse_series(distribution, pathlib.Path(installed.origin), fullname.replace(".", "/") + ".py")
+        if text is None:
+            raise ModuleNotFoundError(f"{fullname} is not upstream's: the series adds it", name=fullname)
+        copy = _keep_dir() / "upstream-modules" / (fullname + ".py")
+        copy.parent.mkdir(exist_ok=True)
+        copy.write_text(text)
+        return importlib.util.spec_from_file_location(fullname, copy)
+
+
+def upstream_imports(distributions: tuple[str, ...]) -> list[str]:
+    """From now on, import every module that a patch of these series touches
+    as upstream ships it: the installed file with the series reverse-applied,
+    under the module's own name, so the whole process runs the pins' code
+    (call before any of them is imported). Returns the modules so served."""
+    modules = {}
+    for distribution in distributions:
+        for patch in series(distribution):
+            for relpath in _touched(patch):
+                if relpath.endswith(".py") and not relpath.endswith("__init__.py"):
+                    modules[relpath[:-3].replace("/", ".")] = distribution
+    already = sorted(name for name in modules if name in sys.modules)
+    if already:
+        raise RuntimeError(f"upstream_imports: already imported as installed: {already}")
+    sys.meta_path.insert(0, _UpstreamFinder(modules))
+    return sorted(modules)
 
 
 def source_before(distribution: str, module: str, patch_prefix: str) -> str:

@@ -1,0 +1,300 @@
+"""MaxText 0.2.4's `train_rl` on the installed stack: GRPO steps with a real
+(tiny) MaxText model, a real vLLM rollout and a real weight sync.
+
+support/fixes/train_rl_run.py (one process a run: see its docstring) calls
+what MaxText's own integration test calls, in both of its configurations
+(`vllm_native`, `maxtext_on_vllm`), and writes down how far it got and the
+checks. This file runs it on the overlay (MaxText's shims off; in the
+matrix's maxtext-shims run, on) and on the pins (the series reverse-applied,
+shims off), and asserts what the run showed.
+
+Only in the matrix's MaxText cell (MRL_MAXTEXT=1). Each run costs minutes on
+the CPU simulation (one process: MaxText, vLLM and the models); the quick
+matrix runs the overlay only, the full one the pins too.
+
+What the runs showed (8 simulated devices, the TPU attention kernel in Pallas
+interpret mode, pinned Tunix and tpu-inference):
+- both configurations get through MaxText's set-up, the model creation, the
+  vLLM engine's start and first weight sync, a rollout and MaxText's
+  evaluation, and the first GRPO step's rollout and actor update; the step
+  then stops, on the CPU only, in Tunix's weight sync
+  (check_cpu_stop_in_the_weight_sync says why). Overlay with MaxText's shims
+  off gets exactly as far as with them on.
+- vllm_native needs tpu-inference's mesh fix (984b29c49, carried as a
+  backport): without it the runner's 2D mesh has Explicit axes and the first
+  rollout dies in the model's embedding.
+- the pins: vllm_native stops at the engine's model creation
+  (with_sharding_constraint under Explicit axes); maxtext_on_vllm (Auto axes)
+  gets as far as the overlay.
+- with the stand-in Tunix (PyPI 0.1.7, CI) train_rl stops before the engine
+  starts, in MaxText (check_standin_stop).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from support import TESTS
+from support.fixes import maxtext_shims, unpatched
+from support.fixes.matrix import PLATFORM
+from support.fixes.meshes import WSC_ASSERT
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("MRL_MAXTEXT") != "1",
+    reason="needs MaxText 0.2.4 installed (the matrix's maxtext-0.2.4 cell, MRL_MAXTEXT=1): would have run train_rl's "
+    "GRPO steps (vllm_native, maxtext_on_vllm) on the overlay and on the pins, and checked the weight sync, "
+    "the rollout's logprobs settings and that nothing in the upstreams was replaced at run time",
+)
+
+CONFIGS = ("vllm_native", "maxtext_on_vllm")
+SHIMS = maxtext_shims.GLOBAL  # the maxtext-shims run of the cell: MaxText's shims on
+TIMEOUT = 3600  # a run took 31 min on 2 cores at a load of 20
+QUICK = os.environ.get("MRL_QUICK") == "1"
+
+
+def tunix_is_the_standin() -> bool:
+    """The index's google-tunix is the PyPI stand-in (0.1.7, `+mrl.N.unpinned.`),
+    not the pin: where GitHub is out of reach (CI)."""
+    return ".unpinned." in importlib.metadata.version("google-tunix")
+
+
+def run_trainer(tmp_path, config: str, *flags: str) -> dict:
+    out = tmp_path / "result.json"
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, MRL_PLATFORM=PLATFORM, PYTHONPATH=path)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "support.fixes.train_rl_run", str(out), "--config", config, *flags],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
+        )
+        log = proc.stderr
+    except subprocess.TimeoutExpired as error:
+        log = (error.stderr or b"").decode(errors="replace") if isinstance(error.stderr, bytes) else (error.stderr or "")
+    assert out.is_file(), f"train_rl_run.py wrote no result:\n{log[-8000:]}"
+    result = json.loads(out.read_text())
+    result["log"] = log
+    print(summary(result))  # the steps and their seconds, in the test's output (-rA / junit)
+    return result
+
+
+def summary(result) -> str:
+    steps = ", ".join(f"{s['step']} {s.get('seconds', '?')} s{'' if s.get('done') else ' (stopped)'}" for s in result["steps"])
+    return f"{result['config']} upstream={result['upstream']} shims={result['shims']}: {steps}"
+
+
+def describe(result) -> str:
+    stopped = result.get("stopped") or {}
+    frames = "\n".join(f"    {f['file']} {f['function']}: {f['line']}" for f in stopped.get("frames", [])[-10:])
+    return f"{summary(result)}\nstopped: {stopped.get('type')}: {stopped.get('message', '')[:600]}\n{frames}\n{result['log'][-3000:]}"
+
+
+def stopped_in(result) -> str | None:
+    """The step the run stopped in, None if it finished."""
+    return None if result.get("finished") else next((s["step"] for s in result["steps"] if not s.get("done")), "after the steps")
+
+
+STANDIN_SKIP = ("the index's google-tunix is the PyPI stand-in (0.1.7): train_rl stops at the same point in every "
+                "configuration, before they differ and before any patched code runs (shown once, on vllm_native); "
+                "with the pinned Tunix (MRL_SOURCES naming the mirrors) this would have run {what}")
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def overlay_run(request, tmp_path_factory):
+    if tunix_is_the_standin() and request.param != CONFIGS[0]:
+        pytest.skip(STANDIN_SKIP.format(what=f"the GRPO steps in {request.param}"))
+    flags = ("--shims",) if SHIMS else ()
+    return run_trainer(tmp_path_factory.mktemp(f"overlay-{request.param}"), request.param, *flags)
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def upstream_run(request, tmp_path_factory):
+    if tunix_is_the_standin():
+        pytest.skip(STANDIN_SKIP.format(what=f"the pins' train_rl in {request.param} and checked where it stops"))
+    if QUICK:
+        pytest.skip("the quick matrix runs train_rl on the overlay only (each run costs minutes); the full matrix "
+                    f"would have run the pins' train_rl in {request.param} and checked where it stops")
+    if SHIMS:
+        pytest.skip("the pins run with MaxText's shims off (the plain run of the MaxText cell); "
+                    "with them on, train_rl on the pins is what MaxText users run today, outside this overlay's claims")
+    return run_trainer(tmp_path_factory.mktemp(f"upstream-{request.param}"), request.param, "--upstream")
+
+
+STANDIN_STOP = "rollout_vllm_server_mode_submission_threshold"
+PLUGIN_KV_SPEC = "tpu_inference.runner.kv_cache_manager.KVCacheManager.get_kv_cache_spec:"
+
+
+def check_standin_stop(result):
+    """With the stand-in Tunix (0.1.7), MaxText 0.2.4's rollout cannot be made:
+    MaxTextVllmRollout reads a RolloutConfig field that only the pinned Tunix
+    has (c4ec573; 0.1.7 predates it). That is the stand-in's, not the overlay's:
+    the pinned Tunix (MRL_SOURCES) runs past it."""
+    assert stopped_in(result) == "create_rl_components", describe(result)
+    stopped = result["stopped"]
+    assert stopped["type"] == "builtins.AttributeError" and STANDIN_STOP in stopped["message"], describe(result)
+    assert stopped["frames"][-1]["file"] == "maxtext/integration/vllm/maxtext_vllm_rollout.py", describe(result)
+
+
+def check_metrics(metrics):
+    corr, total, acc, partial_acc, format_acc, _ = metrics
+    assert total >= 1 and corr >= 0, metrics
+    assert 0.0 <= acc <= 100.0 and 0.0 <= partial_acc <= 100.0 and 0.0 <= format_acc <= 100.0, metrics
+
+
+#: Whether the series carries tpu-inference's fix of the runner's mesh
+#: (984b29c49: the device_indexes mesh with Auto axes, as before a3fe6eec1).
+MESH_BACKPORT = any(p.name.startswith("backport-984b29c49") for p in unpatched.series("tpu-inference"))
+EMBED_GATHER = "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"
+
+
+def test_train_rl_on_the_overlay(overlay_run):
+    """The GRPO steps run; MaxText's test's checks and ours hold."""
+    result = overlay_run
+    if tunix_is_the_standin():
+        check_standin_stop(result)
+        return
+    if result["config"] == "vllm_native" and not MESH_BACKPORT:
+        # Without the mesh backport the runner's 2D mesh has Explicit axes
+        # (Tunix's device_indexes, jax.make_mesh), and the first rollout dies
+        # in the model backbone's embedding (tpu-inference's llama3.py,
+        # nnx.Embed's jnp.take), outside the series' fixes.
+        assert result["rollout"]["mesh"]["axis_types"] == ["AxisType.Explicit"] * 2, describe(result)
+        assert stopped_in(result) == "evaluate_before", describe(result)
+        assert result["stopped"]["type"] == "jax._src.core.ShardingTypeError", describe(result)
+        assert EMBED_GATHER in result["stopped"]["message"], describe(result)
+        assert ("tpu_inference/models/jax/llama3.py", "__call__") in frame_names(result), describe(result)
+        return
+    checks = result["checks"]
+    # Before training: the engine started, was given the actor's weights,
+    # rolled out and was evaluated (the TPU attention kernel interpreted).
+    check_metrics(checks["metrics_before"])
+    assert checks["probe_before"] and all(abs(v) < 1e4 for v in checks["probe_before"]), describe(result)
+    if PLATFORM == "cpu":
+        check_cpu_stop_in_the_weight_sync(result)
+        return
+    assert result.get("finished"), describe(result)
+    # MaxText's own test's checks.
+    check_metrics(checks["metrics_before"])
+    check_metrics(checks["metrics_after"])
+    assert checks["reference_unchanged"], describe(result)
+    assert checks["actor_changed"], describe(result)
+    assert checks["actor_differs_from_reference"], describe(result)
+    # Two GRPO steps, each ending with a weight sync into the rollout engine.
+    assert result["global_steps"] == 2 and len(result["grpo_step_seconds"]) == 2, describe(result)
+    # The engine got the trained weights: its logprobs of the same tokens moved.
+    before, after = checks["probe_before"], checks["probe_after"]
+    assert len(before) == len(after) > 0 and all(abs(v) < 1e4 for v in before + after), (before, after)
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 0, (before, after)
+
+
+TRANSFER_GUARD = "Disallowed host-to-device transfer"
+
+
+def check_cpu_stop_in_the_weight_sync(result):
+    """On the CPU the first GRPO step's rollout and actor update run, and the
+    step stops in its weight sync: Tunix's RLCluster.sync_weights disallows
+    explicit host-device transfers on any backend but TPU and GPU
+    (`jax.transfer_guard_*("disallow_explicit")`, since 94b00481), and the
+    sync makes one (a scalar index or cast put on a device: MaxText's
+    unroll_qwen_scanned_weights' jnp.take for maxtext_on_vllm, Tunix's
+    transfer_state_with_mappings for vllm_native). Upstream, overlay, shims
+    on or off alike: Tunix's choice for CPU backends, not a bug of the series'
+    code, and no TPU run meets it."""
+    checks = result["checks"]
+    assert stopped_in(result) == "train", describe(result)
+    stopped = result["stopped"]
+    assert stopped["type"] == "jax.errors.JaxRuntimeError" and TRANSFER_GUARD in stopped["message"], describe(result)
+    assert ("tunix/rl/rl_cluster.py", "sync_weights") in frame_names(result), describe(result)
+    assert result["grpo_step_seconds"] == [] and result["global_steps"] == 0, describe(result)
+    # The step's update ran before its sync: MaxText's test's parameter checks.
+    assert checks["reference_unchanged"], describe(result)
+    assert checks["actor_changed"] and checks["actor_differs_from_reference"], describe(result)
+
+
+def test_the_rollout_uses_tunix_logprobs_settings(overlay_run):
+    """vLLM runs with what Tunix's rollout asks for: one logprob (the sampled
+    token's), processed (after temperature and top-k/top-p)."""
+    if tunix_is_the_standin():
+        check_standin_stop(overlay_run)
+        return
+    rollout = overlay_run.get("rollout")
+    assert rollout, describe(overlay_run)
+    assert rollout["requested_logprobs_mode"] == "processed_logprobs", rollout
+    assert rollout["max_logprobs"] == 1, rollout
+    assert rollout["logprobs_mode"].rsplit(".", 1)[-1].lower() in ("processed_logprobs", "processed-logprobs"), rollout
+
+
+def by_the_upstreams(replacement: str) -> bool:
+    """Whether a replacement's code (after the colon: its file) is one of the
+    upstreams' own installed files."""
+    where = replacement.split(": ", 1)[1].replace(os.sep, "/")
+    return any(f"/site-packages/{package}/" in where for package in ("tunix", "tpu_inference", "vllm"))
+
+
+def test_nothing_in_the_upstreams_is_replaced(overlay_run):
+    """No function of google-tunix, tpu-inference or vLLM (nor the jax.lax
+    functions they call) is replaced while train_rl runs on the overlay, apart
+    from the CPU stand-ins, which the run lists. With MaxText's shims on, the
+    same check names the shims: it can see a replacement."""
+    if tunix_is_the_standin():
+        check_standin_stop(overlay_run)
+        return
+    checks = overlay_run["checks"]
+    assert "replaced_after_engine_start" in checks, describe(overlay_run)
+    for when in ("replaced_after_engine_start", "replaced_after_train"):
+        if when not in checks:
+            assert not overlay_run.get("finished")  # it stopped before training (see test_train_rl_on_the_overlay)
+            continue
+        replaced = checks[when]["replaced"]
+        if SHIMS:
+            names = {r.split(":", 1)[0] for r in replaced}
+            assert {"jax.lax.with_sharding_constraint", "jax.lax.top_k", "tunix.generate.utils._apply_dtype_cast",
+                    "tunix.generate.utils._bulk_align_and_unstack", "tunix.generate.utils._unstack_scanned_param"} <= names, replaced
+        else:
+            # MaxText's vLLM plugin (maxtext_vllm_adapter, in every vLLM
+            # process) replaces KVCacheManager.get_kv_cache_spec, for its
+            # hybrid GDN models (qwen3_next, qwen3_5); other models pass
+            # through to tpu-inference's. A feature, not a compat shim.
+            # And the upstreams' own run-time rebinding (code from their own
+            # files: tpu-inference's runner rebinds vLLM's LoRA helper
+            # is_base_embedding_weights, vLLM its envs.__getattr__) is theirs.
+            others = [r for r in replaced if not (r.startswith(PLUGIN_KV_SPEC) and "maxtext_vllm_adapter/adapter.py" in r)
+                      and not by_the_upstreams(r)]
+            assert others == [], replaced
+    if PLATFORM == "cpu":
+        stand_ins = {r.split(":", 1)[0] for r in checks["replaced_after_engine_start"]["stand_ins"]}
+        assert "tpu_inference.utils.hbm_usage_bytes" in stand_ins, stand_ins
+
+
+def frame_names(result) -> list[tuple[str, str]]:
+    return [(f["file"], f["function"]) for f in (result.get("stopped") or {}).get("frames", [])]
+
+
+def test_train_rl_on_the_pins_stops_where_recorded(upstream_run):
+    """The pins (the series reverse-applied; MaxText's shims off): where
+    train_rl stops, per configuration."""
+    result = upstream_run
+    assert result["upstream_modules"], describe(result)
+    stopped = result.get("stopped") or {}
+    if result["config"] == "vllm_native":
+        # The engine's model cannot even be created on the runner's Explicit
+        # mesh: tpu-inference's loader constrains the state's sharding
+        # (fixed by 0003's constrain_sharding).
+        assert stopped_in(result) == "create_rl_components", describe(result)
+        assert stopped["type"] == "builtins.AssertionError" and WSC_ASSERT in stopped["message"], describe(result)
+        assert ("upstream:tpu_inference.models.common.model_loader.py", "create_sharded_model") in frame_names(result), describe(result)
+        return
+    # maxtext_on_vllm: the runner's mesh has Auto axes (NEW_MODEL_DESIGN), so
+    # none of the series' Explicit-axes fixes is needed this far: the pins get
+    # as far as the overlay, to the CPU's stop in the first weight sync.
+    assert result["rollout"]["mesh"]["axis_types"] == ["AxisType.Auto"] * 7, describe(result)
+    check_metrics(result["checks"]["metrics_before"])
+    if PLATFORM == "cpu":
+        check_cpu_stop_in_the_weight_sync(result)
+    else:
+        assert result.get("finished"), describe(result)
