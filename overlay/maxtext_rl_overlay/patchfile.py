@@ -15,6 +15,8 @@ from .errors import OverlayError
 from .git import git
 
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Inappropriate")
+# A backport names the upstream commit it carries: "Backport [<commit URL or id>]".
+_BACKPORT_COMMIT = re.compile(r"^Backport \[(?:\S*/commit/)?([0-9a-f]{7,40})\]$")
 _DIFF = re.compile(r"^diff --git a/(.+?) b/(.+)$")
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: (\d{6}))?$")
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
@@ -132,9 +134,20 @@ def lint(patch: PatchFile) -> list[str]:
             f"{patch.path}: trailer 'Upstream-Status:' must be one of {', '.join(UPSTREAM_STATUSES)} "
             f"(got {status or 'none'})."
         )
+    if status.startswith("Backport") and not backport_commit(patch):
+        problems.append(
+            f"{patch.path}: a backport must name the upstream commit it carries: "
+            f"'Upstream-Status: Backport [<commit URL or id>]' (got {status})."
+        )
     if not patch.files:
         problems.append(f"{patch.path}: changes no file.")
     return problems
+
+
+def backport_commit(patch: PatchFile) -> str | None:
+    """The upstream commit id (7 to 40 hex digits) a backport names, else None."""
+    m = _BACKPORT_COMMIT.match(patch.trailers.get("Upstream-Status", ""))
+    return m.group(1) if m else None
 
 
 def patch_id(path: pathlib.Path) -> str:

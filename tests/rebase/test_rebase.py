@@ -7,8 +7,11 @@ git-tracked copy of the project; the real checkout is never changed."""
 from __future__ import annotations
 
 import difflib
+import os
 import pathlib
 import tomllib
+
+import pytest
 
 from maxtext_rl_overlay import patchfile
 from support.rebase import (
@@ -34,7 +37,7 @@ NEW_COMMENT = "    # Find the top-k values and their vocabulary ids.\n"
 def _project(tmp_path, repo, commit, **extra) -> pathlib.Path:
     """The project pinned to `commit` of the tpu-inference upstream `repo`,
     with the series this file's cases are written for (patch 0001)."""
-    return make_project(tmp_path / "project", {"tpu-inference": {**pin_of(repo, commit), **extra}}, keep={"tpu-inference": 1})
+    return make_project(tmp_path / "project", {"tpu-inference": {**pin_of(repo, commit), **extra}}, keep={"tpu-inference": ("0001-",)})
 
 
 def _branch(repo, name, base) -> None:
@@ -106,7 +109,7 @@ def test_tunix_fetched_from_the_pin_repository_and_fast_tests_run(upstreams, tmp
     construction without --build (left out, said so), and the output says
     the next step is to rebuild constraints.txt."""
     repo, commits = upstreams["google-tunix"]
-    project = make_project(tmp_path / "project", {"google-tunix": {**pin_of(repo, commits["old"]), "repository": str(repo)}}, keep={"google-tunix": 1})
+    project = make_project(tmp_path / "project", {"google-tunix": {**pin_of(repo, commits["old"]), "repository": str(repo)}}, keep={"google-tunix": ("0001-",)})
     proc = rebase(project, "google-tunix", "main")
     assert row(proc.stdout, "0001-") == "applied cleanly", proc.stdout + proc.stderr
     assert _pin(project, "google-tunix")["commit"] == commits["new"]
@@ -285,3 +288,27 @@ def test_find_base_bisects_first_parent_history(upstream, tmp_path):
     assert f"\n  {fine[-1]} " in proc.stdout
     assert f"the next one conflicts: {breaking} " in proc.stdout
     assert snapshot(project) == before and not (project / "build" / "rebase" / "state").exists()
+
+
+BACKPORT = "backport-984b29c49-Use-raw-Mesh-constructor-when-device_indexes-is-set.patch"
+BACKPORTED = "984b29c49369360daa2b498fc527d61b6ec18874"
+SOURCES = dict(s.split("=", 1) for s in os.environ.get("MRL_SOURCES", "").split())
+
+
+@pytest.mark.github
+@pytest.mark.skipif(
+    "tpu-inference" not in SOURCES,
+    reason="needs the tpu-inference git repository (MRL_SOURCES='tpu-inference=PATH'): would have rebased the real pin "
+    f"onto v0.27.0, past upstream's {BACKPORTED[:9]}, and checked that the backport drops, recorded as Applied-Upstream "
+    "in that very commit, while the local patches apply",
+)
+def test_backport_drops_on_a_rebase_past_its_upstream_commit(tmp_path):
+    repo = pathlib.Path(SOURCES["tpu-inference"])
+    project = make_project(tmp_path / "project", {}, keep={"tpu-inference": ("backport-", "0001-")})
+    proc = rebase(project, "tpu-inference", "v0.27.0", "--source", str(repo), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "backport-") == f"dropped: already upstream  (Applied-Upstream: {BACKPORTED[:12]})", proc.stdout
+    assert row(proc.stdout, "0001-") == "applied cleanly", proc.stdout
+    series = (project / TPU / "series").read_text()
+    assert f"# Applied-Upstream: {BACKPORT} in {BACKPORTED} " in series, series
+    assert not (project / TPU / BACKPORT).exists()

@@ -91,9 +91,10 @@ def make_upstream(dist: str, dest: pathlib.Path) -> dict[str, str]:
     return commits
 
 
-def make_project(dest: pathlib.Path, pins: dict[str, dict[str, str]], keep: dict[str, int] | None = None) -> pathlib.Path:
+def make_project(dest: pathlib.Path, pins: dict[str, dict[str, str]], keep: dict[str, tuple[str, ...]] | None = None) -> pathlib.Path:
     """A git-tracked copy of this project, `pins` moved (commit, tree, date,
-    ... per distribution), each series cut to its first `keep[dist]` patches."""
+    ... per distribution), each series cut to the patches whose names start
+    with one of `keep[dist]` (in series order)."""
     dest.mkdir(parents=True)
     for name in PROJECT_FILES:
         src, to = ROOT / name, dest / name
@@ -104,13 +105,15 @@ def make_project(dest: pathlib.Path, pins: dict[str, dict[str, str]], keep: dict
             shutil.copy2(src, to)
     for dist, values in pins.items():
         set_pin(dest, dist, **values)
-    for dist, count in (keep or {}).items():
+    for dist, prefixes in (keep or {}).items():
         folder = dest / "patches" / dist
         names = [line for line in (folder / "series").read_text().splitlines() if line and not line.startswith("#")]
-        for name in names[count:]:
+        kept = [n for n in names if n.startswith(prefixes)]
+        assert len(kept) == len(prefixes), f"{prefixes} name {kept} of {names}"
+        for name in set(names) - set(kept):
             (folder / name).unlink()
         (folder / "series").write_text("# quilt-compatible series: one patch file name a line, applied in order.\n"
-                                       + "".join(n + "\n" for n in names[:count]))
+                                       + "".join(n + "\n" for n in kept))
     git(dest, "init", "-q", "-b", "main")
     commit_all(dest, "project copy", "2026-11-01T00:00:00+00:00")
     return dest

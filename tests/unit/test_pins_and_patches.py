@@ -33,7 +33,29 @@ def test_patches_are_full_index_format_patches_with_upstream_status(path):
     text = path.read_text()
     assert text.startswith("From 0000000000000000000000000000000000000000 "), "export with --zero-commit"
     assert not text.rstrip().endswith("-- \n2."), "export with --no-signature"
-    assert re.match(r"^\d{4}-", path.name), "numbered NNNN-*.patch"
+    commit = patchfile.backport_commit(patch)
+    if commit:  # named by the upstream commit, so local patches keep their numbers when it drops on a rebase
+        assert path.name.startswith(f"backport-{commit[:9]}-"), "a backport is named backport-<upstream commit>-*.patch"
+    else:
+        assert re.match(r"^\d{4}-", path.name), "a local patch is numbered NNNN-*.patch"
+
+
+@pytest.mark.parametrize("name", sorted(PROJECT.pins))
+def test_backports_come_first_in_each_series(name):
+    """Upstream's own commits are the base the local patches are written on
+    (Debian's practice: backports first, then local changes)."""
+    kinds = ["backport" if patchfile.backport_commit(patchfile.parse(p)) else "local" for p in PROJECT.pins[name].series]
+    assert kinds == sorted(kinds, key=lambda kind: kind != "backport"), kinds
+
+
+def test_backport_lint_wants_the_upstream_commit(tmp_path):
+    text = (ROOT / "patches" / "tpu-inference" / "0001-Reshard-logprobs-in-gather_logprobs-for-Explicit-mes.patch").read_text()
+    for status, ok in (("Backport [https://github.com/o/r/commit/984b29c49369]", True), ("Backport [984b29c49]", True),
+                       ("Backport", False), ("Backport [upstream]", False)):
+        path = tmp_path / "x.patch"
+        path.write_text(text.replace("Upstream-Status: Pending", f"Upstream-Status: {status}"))
+        problems = patchfile.lint(patchfile.parse(path))
+        assert (problems == []) == ok, (status, problems)
 
 
 def test_the_fixes_touch_what_the_reports_name():

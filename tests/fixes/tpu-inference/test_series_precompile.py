@@ -6,10 +6,13 @@ sampler before it allocates the KV caches (`_precompile_sampling`,
 `_precompile_gather_logprobs`, `_flush_compilations` of
 `tpu_inference/runner/compilation_manager.py`), and `capture_model` later
 precompiles the rejection samplers of speculative decoding
-(`_precompile_rejection_sampler`). The runner's mesh has Explicit axes
-whenever the sharding strategy names `device_indexes`, which Tunix's vLLM
-rollout always does (`VllmSampler._vllm_config`): `TPUModelRunner._create_2d_mesh`
-then calls `jax.make_mesh`, whose axes are Explicit by default in JAX 0.11.
+(`_precompile_rejection_sampler`). The mesh is the runner's own
+(support/fixes/runner.py), given the `device_indexes` that Tunix's vLLM
+rollout always names: Auto axes as the overlay's runner builds it (the
+backport of 984b29c49, test_backport_984b29c49_device_indexes_mesh.py);
+Explicit as the pin's runner built it with `jax.make_mesh`, whose axes are
+Explicit by default in JAX 0.11, the axes of every mesh a caller builds with
+that default.
 
 These tests run those very methods of the INSTALLED `CompilationManager` on a
 runner-like object holding only the attributes they read, computed as
@@ -39,6 +42,7 @@ rejection samplers in test_0005_rejection_sampler.py. The real engine start
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import re
 import traceback
@@ -223,20 +227,6 @@ EXPECTED_LABELS = {
 }
 
 
-def test_runner_mesh_is_explicit_with_tunix_device_indexes():
-    """Why the engine runs under Explicit axes: Tunix's vLLM rollout always names
-    device_indexes, and the runner then builds its mesh with jax.make_mesh."""
-    import inspect
-
-    from tunix.generate.vllm_sampler import VllmSampler
-
-    assert '"device_indexes": device_indexes' in inspect.getsource(VllmSampler._vllm_config)
-    for shape in MESHES:
-        mesh = runner_mesh(shape, "explicit")  # asserts the axis types
-        assert dict(mesh.shape) == {"data": shape[0], "model": shape[1]}
-        assert [d.id for d in mesh.devices.flat] == list(range(8))
-
-
 @mesh_ids
 def test_unpatched_precompile_fails_explicit(upstream, mesh_shape):
     mesh = runner_mesh(mesh_shape, "explicit")
@@ -281,3 +271,54 @@ def test_precompile_passes(overlay, upstream, mesh_shape, axis_type):
 
 def _frames(error: BaseException):
     return traceback.extract_tb(error.__traceback__)
+
+
+def lowered_programs(code, mesh) -> dict[str, str]:
+    """Each jitted compilation of the sampler precompilation, lowered as the
+    compilation manager lowers it (inside jax.set_mesh of the runner's mesh),
+    with `code`'s sampler: its StableHLO text, by label."""
+    cmm = importlib.import_module(CM)
+    manager = cmm.CompilationManager(runner_like(mesh, code.rejection.RejectionSampler))
+    programs: dict[str, str] = {}
+
+    def lower_one(name, fn, *args, call_kwargs=None, **kwargs):
+        call_kwargs = dict(call_kwargs or {})
+        while isinstance(fn, functools.partial):  # as _run_compilation unwraps it
+            args, call_kwargs, fn = fn.args + args, {**fn.keywords, **call_kwargs}, fn.func
+        shapes = {k: v for k, v in kwargs.items() if k not in ("warmup_handler", "aot", "compile_only")}
+        label = f"{name.split(' ', 1)[1]}({', '.join(f'{k}={v}' for k, v in shapes.items())})"
+        if not hasattr(fn, "lower"):  # the rejection sampler, which the warm-up calls: traced as one program
+            fn = jax.jit(fn)
+        with jax.set_mesh(mesh):
+            programs[label] = fn.lower(*args, **call_kwargs).as_text()
+
+    functions = {
+        "sample": code.sampling.sample,
+        "compute_and_gather_logprobs": code.sampling.compute_and_gather_logprobs,
+        "compute_and_gather_prompt_logprobs": code.sampling.compute_and_gather_prompt_logprobs,
+    }
+    saved = {name: getattr(cmm, name) for name in functions}
+    try:
+        for name, fn in functions.items():
+            setattr(cmm, name, fn)
+        manager._run_compilation = lower_one
+        manager._precompile_sampling()
+        manager._precompile_gather_logprobs()
+        with jax.set_mesh(mesh):
+            manager._precompile_rejection_sampler()
+    finally:
+        for name, fn in saved.items():
+            setattr(cmm, name, fn)
+    return programs
+
+
+@mesh_ids
+def test_series_leaves_the_engine_mesh_programs_as_upstreams(overlay, upstream, mesh_shape):
+    """On the mesh the engine builds now (the runner's, Auto axes: the backport),
+    0001-0005 change nothing the engine compiles: every sampler program of the
+    precompilation lowers to upstream's StableHLO, text for text. Where the
+    patches still act is under Explicit axes (each patch's own tests)."""
+    mesh = runner_mesh(mesh_shape, "auto")
+    ours, theirs = lowered_programs(overlay, mesh), lowered_programs(upstream, mesh)
+    assert set(ours) == set(theirs) == EXPECTED_LABELS, sorted(ours)
+    assert [label for label in sorted(ours) if ours[label] != theirs[label]] == []

@@ -1,8 +1,9 @@
 """The engine's view of the sampler: the runner's mesh as TPUModelRunner builds
-it, and the sampler modules (sampling.py, rejection_sampler.py) upstream or
-the installed overlay's. Shared by the precompilation tests of the whole
-series (test_series_precompile.py) and the rejection sampler's (patch 0005,
-test_0005_rejection_sampler.py)."""
+it (the pin's runner or the installed overlay's), and the sampler modules
+(sampling.py, rejection_sampler.py) upstream or the installed overlay's.
+Shared by the backport's mesh test (test_backport_984b29c49_device_indexes_mesh.py),
+the precompilation tests of the whole series (test_series_precompile.py) and
+the rejection sampler's (patch 0005, test_0005_rejection_sampler.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,8 @@ import re
 import types
 
 import jax
-from jax.sharding import AxisType
 
-from support.fixes.meshes import make_mesh
+from support.fixes.meshes import AXIS_TYPE
 from support.fixes.sampling import BSEARCH, SAMPLING
 from support.fixes.unpatched import load_unpatched
 
@@ -24,32 +24,55 @@ REJECTION = "tpu_inference.layers.jax.sample.rejection_sampler"
 SHARD_MAP_SPECS = re.compile(r"in_specs passed to shard_map: P\('data',?\) does not match the specs of the input")
 
 
-def runner_mesh(shape: tuple[int, int], axis_type: str) -> jax.sharding.Mesh:
-    """The runner's ("data", "model") mesh.
+RUNNER = "tpu_inference.runner.tpu_runner"
 
-    Explicit: built by TPUModelRunner._create_2d_mesh itself, given the
-    device_indexes that Tunix passes. Auto: what make_optimized_mesh builds
-    (jax.make_mesh with Auto axes; it sorts the devices by their TPU
-    coordinates, which CPU devices do not have).
-    """
+
+def create_2d_mesh(runner_cls, shape: tuple[int, int], device_indexes: list[int]) -> jax.sharding.Mesh:
+    """The mesh `runner_cls._init_mesh` makes, as TPUModelRunner.__init__ calls
+    it (NEW_MODEL_DESIGN unset: `_create_2d_mesh`), given the sharding strategy
+    of Tunix's vLLM rollout (tensor and data parallelism, `device_indexes`) and
+    the devices TPUWorker.init_device picks for those indexes, in their order.
+    The runner is bare (no __init__): _init_mesh reads nothing else."""
+    from tpu_inference import envs
     from tpu_inference.layers.common.sharding import ShardingConfigManager, ShardingStrategy
-    from tpu_inference.runner.tpu_runner import TPUModelRunner
 
+    assert not envs.NEW_MODEL_DESIGN, "NEW_MODEL_DESIGN makes the runner build its 7-axis mesh instead"
     data, model = shape
-    if axis_type == "auto":
-        return make_mesh(shape, "auto")
-    device_indexes = list(range(data * model))
     by_id = {d.id: d for d in jax.local_devices()}
-    runner = types.SimpleNamespace(
-        vllm_config=types.SimpleNamespace(
-            sharding_config=ShardingConfigManager(
-                ShardingStrategy(tensor_parallelism=model, data_parallelism=data), device_indexes=device_indexes
-            )
-        ),
-        devices=[by_id[i] for i in device_indexes],  # as TPUWorker.init_device picks them
+    runner = object.__new__(runner_cls)
+    runner.vllm_config = types.SimpleNamespace(
+        sharding_config=ShardingConfigManager(
+            ShardingStrategy(tensor_parallelism=model, data_parallelism=data), device_indexes=device_indexes
+        )
     )
-    mesh = TPUModelRunner._create_2d_mesh(runner)
-    assert mesh.axis_types == (AxisType.Explicit, AxisType.Explicit), mesh
+    runner.devices = [by_id[i] for i in device_indexes]
+    runner._init_mesh()
+    return runner.mesh
+
+
+def pin_runner() -> type:
+    """The pin's TPUModelRunner: tpu_runner.py with the series reverse-applied
+    (the backport of 984b29c49 is the series' only change to it)."""
+    return load_unpatched("tpu-inference", RUNNER).TPUModelRunner
+
+
+def overlay_runner() -> type:
+    """The installed overlay's TPUModelRunner."""
+    return importlib.import_module(RUNNER).TPUModelRunner
+
+
+def runner_mesh(shape: tuple[int, int], axis_type: str) -> jax.sharding.Mesh:
+    """The runner's ("data", "model") mesh, built by TPUModelRunner._create_2d_mesh
+    itself, given the device_indexes that Tunix passes.
+
+    Auto: the installed runner's, the engine's mesh now (the backport of
+    984b29c49 builds it with the jax.sharding.Mesh constructor). Explicit: the
+    pin's runner's (jax.make_mesh, Explicit by default since JAX 0.11), the
+    axes that any caller building its mesh with jax.make_mesh's default gets.
+    """
+    runner_cls = overlay_runner() if axis_type == "auto" else pin_runner()
+    mesh = create_2d_mesh(runner_cls, shape, list(range(shape[0] * shape[1])))
+    assert mesh.axis_types == (AXIS_TYPE[axis_type],) * 2, mesh
     return mesh
 
 
