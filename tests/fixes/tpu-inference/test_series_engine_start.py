@@ -113,10 +113,15 @@ def start_engine(tmp_path, checkpoint, config, upstream) -> dict:
     return result
 
 
-def record_run(record_property, result):
-    """The stand-ins and the seconds of the engine's start and generates, in the JUnit record."""
+def record_stand_in(record_property, result):
+    """The engine's TPU kernels' stand-in (where one was active), in the JUnit record."""
     if result["stand_ins"].get("tpu_kernels"):
         record_property(pallas_interpret.PROPERTY, result["stand_ins"]["tpu_kernels"]["label"])
+
+
+def record_run(record_property, result):
+    """The stand-ins and the seconds of the engine's start and generates, in the JUnit record."""
+    record_stand_in(record_property, result)
     for name, seconds in result["seconds"].items():
         record_property(f"seconds_{name}", str(seconds))
 
@@ -206,6 +211,7 @@ def test_the_rollout_batch_gives_the_same_tokens_in_two_engines(kernels, engines
     from support.fixes.engine_start import ROLLOUT_PROMPTS, ROLLOUT_TOKENS
 
     overlay, upstream = engines("device-indexes", False), engines("new-model-design", True)
+    record_stand_in(record_property, overlay)
     assert overlay.get("started") and upstream.get("started"), describe(overlay) + describe(upstream)
     worst = 0.0
     for name in ("rollout_greedy", "rollout_sampled"):
