@@ -34,6 +34,12 @@ DEVICES = 8
 AXIS_TYPES = ("explicit", "auto")
 
 _MATRIX_KEYS = {"cells", "meshes", "axis-types", "k", "dtypes", "quick"}
+#: The JUnit property by which a test names what stood in for the hardware
+#: while it ran (e.g. "pallas-interpret": the TPU kernels interpreted on the
+#: CPU); the table lists them per cell, so no result reads as a TPU's.
+STAND_IN_PROPERTY = "stand-in"
+#: The JUnit dialect that keeps each test's properties (xunit2 drops record_property's).
+JUNIT_OPTIONS = ("-o", "junit_family=xunit1")
 _CELL_KEYS = {"name", "python", "install", "env", "runs"}
 
 
@@ -68,6 +74,7 @@ class CellResult:
     errors: int = 0
     seconds: float = 0.0
     junit: pathlib.Path | None = None
+    stand_ins: dict[str, int] = dataclasses.field(default_factory=dict)  # stand-in -> how many tests ran on it
 
     @property
     def ok(self) -> bool:
@@ -231,7 +238,7 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
             with step(label, "patched-behaviour suite (tests/fixes)" + (f" with {run_env}" if run_env else "")):
                 # Its output is the user's to read as it comes; its outcome is the JUnit report's.
                 proc.run([vpy, "-m", "pytest", str(root / "tests" / "fixes"), "-p", "no:cacheprovider",
-                          f"--junitxml={junit}", f"--rootdir={root}", "-q"],
+                          f"--junitxml={junit}", *JUNIT_OPTIONS, f"--rootdir={root}", "-q"],
                          env=dict(env, **run_env), inherit_env=False, cwd=work, capture=False, check=False, who=label,
                          what="the patched-behaviour suite")
             _count(result, junit)
@@ -256,12 +263,18 @@ def _count(result: CellResult, junit: pathlib.Path) -> None:
         result.errors += errors
         result.skipped += skipped
         result.passed += tests - failures - errors - skipped
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        for prop in case.iter("property"):
+            if prop.get("name") == STAND_IN_PROPERTY and prop.get("value"):
+                value = str(prop.get("value"))
+                result.stand_ins[value] = result.stand_ins.get(value, 0) + 1
 
 
 def render(results: list[CellResult]) -> str:
-    rows = [("cell", "verify", "passed", "failed", "errors", "skipped", "time")]
+    rows = [("cell", "verify", "passed", "failed", "errors", "skipped", "time", "stand-ins (tests)")]
     for r in results:
-        rows.append((r.cell, r.verify, str(r.passed), str(r.failed), str(r.errors), str(r.skipped), f"{r.seconds:.0f}s"))
+        stand_ins = ", ".join(f"{name} ({n})" for name, n in sorted(r.stand_ins.items())) or "-"
+        rows.append((r.cell, r.verify, str(r.passed), str(r.failed), str(r.errors), str(r.skipped), f"{r.seconds:.0f}s", stand_ins))
     lines = [tables.render(rows)]
     passed = sum(r.passed for r in results)
     failed = sum(r.failed + r.errors for r in results)

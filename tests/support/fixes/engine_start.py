@@ -1,50 +1,66 @@
-"""Start vLLM's engine on the installed stack and write down how far it got.
+"""Start vLLM's engine on the installed stack, generate, and write down how far it got.
 
 Run by tests/fixes/tpu-inference/test_series_engine_start.py in a process of
-its own (an engine start sets process-wide state: JAX devices, vLLM's
-distributed groups), with tests/ on PYTHONPATH as pytest's `pythonpath` has
-it in the test process:
+its own per configuration (an engine start sets process-wide state: JAX
+devices, vLLM's distributed groups; and costs 20-60 s here, so each process
+does every generate its test checks), with tests/ on PYTHONPATH as pytest's
+`pythonpath` has it in the test process:
 
-    python -m support.fixes.engine_start RESULT.json [--upstream]
+    python -m support.fixes.engine_start RESULT.json --checkpoint DIR --config NAME [--upstream]
 
 It starts `vllm.LLM` in the engine process itself (no engine-core
-subprocess), as Tunix's vLLM rollout configures it for a ("data", "model")
-mesh of the 8 devices: `tensor_parallel_size=8` and the sharding strategy's
-`device_indexes`, with which the runner builds its mesh in `_create_2d_mesh`
-(the overlay's: Auto axes, the backport of 984b29c49; the pin's: Explicit,
-`jax.make_mesh`). The model is a tiny Llama (2 layers, hidden 128, 8 heads,
-vocab 1024) described by a config.json alone, with `load_format="dummy"`
-(random weights) and no tokenizer. If the engine starts, it generates 4
-tokens greedily from a fixed prompt.
+subprocess) on DIR, a Hugging Face checkpoint (support/fixes/tiny_llama.py
+writes a tiny Llama), loaded by the engine's real weight loader, with
+tensor parallelism over the 8 devices, float32, and the logprobs settings of
+MaxText's RL rollout (`max_logprobs=1`, `logprobs_mode="processed_logprobs"`).
+The configurations (CONFIGS):
 
-`--upstream` runs the pin's code where the series changed it: the pin's
-`TPUModelRunner._create_2d_mesh` (tpu_runner.py with the series
-reverse-applied, see unpatched.py) in the installed runner class, and the
-pin's sampler (sampling.py, binary_search.py) where the compilation manager
-looks it up, as tests/fixes/tpu-inference/test_series_precompile.py does.
+- `device-indexes`: as Tunix's vLLM rollout configures it, with the sharding
+  strategy's `device_indexes`: the runner builds its ("data", "model") mesh
+  from them (the reported configuration).
+- `new-model-design`: `NEW_MODEL_DESIGN=1`, as MaxText's RL scripts set it:
+  the runner builds its 7-axis mesh with the `Mesh` constructor (Auto axes
+  even at the pin). (Without either, the runner's `make_optimized_mesh`
+  sorts the devices by `coords`, which CPU devices lack: not run here.)
+
+If the engine starts, it generates (GENERATES, in order): the reference
+prompts greedily (compared with transformers by the test), then a batch as
+the RL rollout sends it (prompts of several lengths) greedily, sampled, and
+greedily again.
+
+`--upstream` binds the pin's sampler (sampling.py, binary_search.py with the
+series reverse-applied, see unpatched.py) where the compilation manager and
+the runner look it up, and the pin's `TPUModelRunner._create_2d_mesh` where
+the series changes it, as tests/fixes/tpu-inference/test_series_precompile.py
+does.
 
 RESULT.json holds: the runner's mesh; every compilation the compilation
 manager ran (`_run_compilation`) and each `_flush_compilations` that completed,
 in order, with the engine-start step (`initialize_from_config`, the KV caches,
 `capture_model`) they belong to, and the failures to lower that the compilation
-manager logs and leaves to the warmup call; and either the generated tokens or the
-exception that stopped the engine, with the innermost frames of the installed
-packages it went through.
+manager logs and leaves to the warmup call; the seconds the engine start and
+each generate took; each generate's tokens and logprobs; the request
+distributions the runner gave the attention kernel; or the exception that
+stopped the engine, with the innermost frames of the installed packages it
+went through; and `stand_ins`, what stood in for the TPU.
 
-On the CPU simulation, one stand-in: CPU devices report no memory statistics
-(`Device.memory_stats()` is None), so `tpu_inference.utils.hbm_usage_bytes`
-counts the live arrays' bytes against a 1 GiB limit a device, instead of
-failing in `TPUWorker.init_device`. On a TPU nothing is replaced.
+On the CPU simulation, two stand-ins (on a TPU nothing is replaced):
+- CPU devices report no memory statistics (`Device.memory_stats()` is None),
+  so `tpu_inference.utils.hbm_usage_bytes` counts the live arrays' bytes
+  against a 1 GiB limit a device, instead of failing in `TPUWorker.init_device`;
+- the TPU Pallas kernels (the attention) run in Pallas TPU interpret mode
+  (support/fixes/pallas_interpret.py): their code, interpreted on the host.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 import pathlib
 import sys
-import tempfile
+import time
 import traceback
 
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
@@ -54,26 +70,31 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this pr
 os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # no persistent JAX cache
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 8,
-    "head_dim": 16,
-    "num_hidden_layers": 2,
-    "vocab_size": 1024,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "torch_dtype": "float32",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
+#: Configuration name -> (environment, vLLM's additional_config).
+CONFIGS: dict[str, tuple[dict[str, str], dict]] = {
+    "device-indexes": ({}, {"sharding": {"sharding_strategy": {"device_indexes": list(range(DEVICES))}}}),
+    "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, {}),
 }
-PROMPT = [1, 5, 7, 9, 11, 13]
+#: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
+SEED = 1234
+#: The RL rollout's batch: prompts of different lengths (token ids).
+ROLLOUT_PROMPTS = [[1, *range(40, 40 + n)] for n in (2, 7, 12, 20)]
+ROLLOUT_TOKENS = 6
+#: The rollout's sampling (MaxText's rl.yml samples at temperature 0.9 with top-k and top-p).
+ROLLOUT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 0.95}
+
+
+def generates():
+    """(name, prompts, SamplingParams kwargs), run in this order."""
+    from support.fixes.tiny_llama import REFERENCE_PROMPTS, REFERENCE_TOKENS
+
+    greedy = {"temperature": 0.0}
+    return [
+        ("reference", REFERENCE_PROMPTS, dict(greedy, max_tokens=REFERENCE_TOKENS)),
+        ("rollout_greedy", ROLLOUT_PROMPTS, dict(greedy, max_tokens=ROLLOUT_TOKENS)),
+        ("rollout_sampled", ROLLOUT_PROMPTS, dict(ROLLOUT_SAMPLING, max_tokens=ROLLOUT_TOKENS)),
+        ("rollout_greedy_again", ROLLOUT_PROMPTS, dict(greedy, max_tokens=ROLLOUT_TOKENS)),
+    ]
 
 
 def frames(error: BaseException) -> list[dict]:
@@ -91,17 +112,52 @@ def frames(error: BaseException) -> list[dict]:
     return out
 
 
+def bind_upstream() -> list[str]:
+    """The pin's sampler where the engine looks it up, and the pin's mesh
+    construction where the series changes it; returns what was bound."""
+    import tpu_inference.runner.compilation_manager as cmm
+    import tpu_inference.runner.tpu_runner as tpu_runner
+
+    from support.fixes.unpatched import load_unpatched, series_touches
+
+    bound = []
+    bsearch = load_unpatched("tpu-inference", "tpu_inference.layers.common.binary_search")
+    sampling = load_unpatched("tpu-inference", "tpu_inference.layers.jax.sample.sampling")
+    sampling.topk_mask, sampling.topp_mask = bsearch.topk_mask, bsearch.topp_mask
+    for module in (cmm, tpu_runner):
+        for name in ("sample", "compute_and_gather_logprobs", "compute_and_gather_prompt_logprobs"):
+            if hasattr(module, name):
+                setattr(module, name, getattr(sampling, name))
+                bound.append(f"{module.__name__}.{name}")
+    if series_touches("tpu-inference", "tpu_inference/runner/tpu_runner.py"):  # the backport of 984b29c49
+        from support.fixes.runner import pin_runner
+
+        tpu_runner.TPUModelRunner._create_2d_mesh = pin_runner()._create_2d_mesh
+        bound.append("TPUModelRunner._create_2d_mesh")
+    return bound
+
+
 def main() -> int:
-    out_path = pathlib.Path(sys.argv[1])
-    upstream = "--upstream" in sys.argv[2:]
-    result: dict = {"upstream": upstream, "platform": PLATFORM, "events": []}
+    parser = argparse.ArgumentParser()
+    parser.add_argument("result", type=pathlib.Path)
+    parser.add_argument("--checkpoint", type=pathlib.Path, required=True)
+    parser.add_argument("--config", choices=sorted(CONFIGS), required=True)
+    parser.add_argument("--upstream", action="store_true")
+    args = parser.parse_args()
+    env, additional_config = CONFIGS[args.config]
+    os.environ.update(env)  # before tpu_inference is imported
+    result: dict = {"upstream": args.upstream, "config": args.config, "platform": PLATFORM, "events": [],
+                    "stand_ins": {}, "seconds": {}, "generates": {}, "distributions": []}
     events = result["events"]
     step = ["engine"]
 
     import jax
+    import numpy as np
 
     if PLATFORM == "cpu":
         import tpu_inference.utils as tpu_utils
+
+        from support.fixes import pallas_interpret
 
         def hbm_usage_bytes(devices):
             used: dict = {}
@@ -111,22 +167,17 @@ def main() -> int:
             return [(used.get(d, 0), 1 << 30) for d in devices]
 
         tpu_utils.hbm_usage_bytes = hbm_usage_bytes
+        result["stand_ins"]["memory_stats"] = "live arrays' bytes against 1 GiB a device (CPU devices have no memory statistics)"
+        result["stand_ins"]["tpu_kernels"] = {"label": pallas_interpret.LABEL, "what": pallas_interpret.DESCRIPTION,
+                                              "interventions": pallas_interpret.activate()}
 
     import tpu_inference.runner.compilation_manager as cmm
+    import tpu_inference.runner.tpu_runner as tpu_runner
     from tpu_inference.runner.tpu_runner import TPUModelRunner
     from tpu_inference.worker.tpu_worker import TPUWorker
 
-    if upstream:
-        from support.fixes.runner import pin_runner
-        from support.fixes.unpatched import load_unpatched
-
-        TPUModelRunner._create_2d_mesh = pin_runner()._create_2d_mesh
-
-        bsearch = load_unpatched("tpu-inference", "tpu_inference.layers.common.binary_search")
-        sampling = load_unpatched("tpu-inference", "tpu_inference.layers.jax.sample.sampling")
-        sampling.topk_mask, sampling.topp_mask = bsearch.topk_mask, bsearch.topp_mask
-        for name in ("sample", "compute_and_gather_logprobs", "compute_and_gather_prompt_logprobs"):
-            setattr(cmm, name, getattr(sampling, name))
+    if args.upstream:
+        result["upstream_bound"] = bind_upstream()
 
     # Record what the engine did, without changing it.
     def record(cls, name, before=None, after=None):
@@ -153,7 +204,8 @@ def main() -> int:
         return lambda self, args, kwargs: events.append({"step": label, "event": "done"})
 
     def mesh_done(self, args, kwargs):
-        result["mesh"] = {"shape": dict(self.mesh.shape), "axis_types": [str(t) for t in self.mesh.axis_types]}
+        devices = [d.id for d in self.mesh.devices.flat]
+        result["mesh"] = {"shape": dict(self.mesh.shape), "axis_types": [str(t) for t in self.mesh.axis_types], "devices": devices}
 
     def compilation(self, args, kwargs):
         shapes = {k: v for k, v in kwargs.items() if k not in ("call_kwargs", "warmup_handler", "aot", "compile_only")}
@@ -178,41 +230,66 @@ def main() -> int:
     record(cmm.CompilationManager, "_flush_compilations",
            after=lambda self, args, kwargs: events.append({"step": step[0], "event": "flushed"}))
 
+    # The request distribution (decode-only, prefill-only, total) and query
+    # lengths of every step the runner prepares for the attention kernel.
+    attention_metadata = tpu_runner.AttentionMetadata
+
+    def recording_attention_metadata(**kwargs):
+        distribution = np.asarray(kwargs["request_distribution"]).tolist()
+        starts = np.asarray(kwargs["query_start_loc"])
+        result["distributions"].append({"distribution": distribution, "q_lens": np.diff(starts[: distribution[-1] + 1]).tolist()})
+        return attention_metadata(**kwargs)
+
+    tpu_runner.AttentionMetadata = recording_attention_metadata
+
     from vllm import LLM, SamplingParams
 
-    with tempfile.TemporaryDirectory(prefix="tiny-llama-") as model:
-        (pathlib.Path(model) / "config.json").write_text(json.dumps(TINY_LLAMA))
-        try:
-            llm = LLM(
-                model=model,
-                load_format="dummy",
-                skip_tokenizer_init=True,
-                dtype="float32",
-                max_model_len=128,
-                max_num_seqs=8,
-                max_num_batched_tokens=128,
-                tensor_parallel_size=DEVICES,
-                num_gpu_blocks_override=64,
-                additional_config={"sharding": {"sharding_strategy": {"device_indexes": list(range(DEVICES))}}},
-            )
-            result["started"] = True
+    try:
+        began = time.monotonic()
+        llm = LLM(
+            model=str(args.checkpoint),
+            skip_tokenizer_init=True,
+            dtype="float32",
+            seed=SEED,
+            generation_config="vllm",  # vLLM's defaults, not the checkpoint's generation_config.json
+            max_model_len=128,
+            max_num_seqs=8,
+            max_num_batched_tokens=32,  # the rollout batch's prefill is chunked: mixed steps
+            tensor_parallel_size=DEVICES,
+            num_gpu_blocks_override=64,
+            max_logprobs=1,
+            logprobs_mode="processed_logprobs",
+            additional_config=additional_config,
+        )
+        result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
+        result["started"] = True
+        step[0] = "generate"
+        for name, prompts, params in generates():
+            began = time.monotonic()
             outputs = llm.generate(
-                [{"prompt_token_ids": PROMPT}], SamplingParams(max_tokens=4, temperature=0.0, detokenize=False)
+                [{"prompt_token_ids": p} for p in prompts],
+                SamplingParams(**params, logprobs=1, detokenize=False),
+                use_tqdm=False,
             )
-            result["tokens"] = list(outputs[0].outputs[0].token_ids)
-        except Exception as error:  # noqa: BLE001 - reported to the test
-            result["stopped"] = {
-                "type": f"{type(error).__module__}.{type(error).__qualname__}",
-                "message": str(error)[:2000],
-                "step": step[0],
-                "frames": frames(error),
-            }
-            traceback.print_exc()
+            result["seconds"][name] = round(time.monotonic() - began, 2)
+            result["generates"][name] = [
+                {"tokens": list(o.outputs[0].token_ids),
+                 "logprobs": [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]}
+                for o in outputs
+            ]
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        result["stopped"] = {
+            "type": f"{type(error).__module__}.{type(error).__qualname__}",
+            "message": str(error)[:2000],
+            "step": step[0],
+            "frames": frames(error),
+        }
+        traceback.print_exc()
     # Were MaxText's module-level shims active in the engine? Where maxtext is
     # installed, vLLM's general plugin (maxtext_vllm_adapter) imports MaxText,
     # whose Tunix adapter replaces jax.lax functions, in every vLLM process.
     result["maxtext_shims"] = getattr(jax.lax.with_sharding_constraint, "__module__", "").startswith("maxtext.")
-    out_path.write_text(json.dumps(result, indent=1))
+    args.result.write_text(json.dumps(result, indent=1))
     return 0
 
 

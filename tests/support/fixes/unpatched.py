@@ -39,6 +39,11 @@ def _touched(patch: pathlib.Path) -> set[str]:
     return {change.path for change in patchfile.parse(patch).files}
 
 
+def series_touches(distribution: str, relpath: str) -> bool:
+    """Whether any patch of the distribution's series changes `relpath`."""
+    return any(relpath in _touched(p) for p in series(distribution))
+
+
 def unpatched_source(distribution: str, module: str) -> str:
     """The text of `module` as upstream ships it, rebuilt from the installed copy."""
     spec = importlib.util.find_spec(module)
