@@ -18,7 +18,7 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildenv, environment, manifest, patchfile, publish, sources, tomledit, wheels
+from . import buildcache, buildenv, environment, manifest, patchfile, publish, sources, tomledit, wheels
 from .digest import sha256_file
 from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
@@ -64,6 +64,12 @@ def build(opts: BuildOptions) -> BuildResult:
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = opts.cache or sources.cache_root()
+    with buildcache.using(cache):
+        return _build(project, chosen, opts, cache, base, out, constraints_path)
+
+
+def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathlib.Path, base: str | None, out: pathlib.Path,
+           constraints_path: pathlib.Path) -> BuildResult:
     env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
     # Everything is made in a staging folder beside `out` and moved into place
     # at the end (0755: a web server may run as another user); constraints.txt

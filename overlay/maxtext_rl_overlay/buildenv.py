@@ -31,6 +31,7 @@ from importlib import resources
 
 from packaging.requirements import Requirement
 
+from . import buildcache
 from .environment import Torch
 from .errors import OverlayError
 from .proc import run
@@ -59,10 +60,14 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
     key = hashlib.sha256(json.dumps([requires, torch.find_links, _version_of(python), BUILD_CONSTRAINTS.read_text()]).encode()).hexdigest()[:16]
     root = cache / "buildenv" / key
     marker = root / ".complete"
-    if not marker.is_file():
-        shutil.rmtree(root, ignore_errors=True)
-        with step(who, f"making the build environment with torch=={torch.version} ({root.name})"):
-            _make(who, root, python, requires, torch)
+    # Under the entry's lock: an incomplete environment is one a build was
+    # interrupted in (no other build can be filling it), so it is made again;
+    # a concurrent build wanting the same one waits for it.
+    with buildcache.locked(root, who=who):
+        if not marker.is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            with step(who, f"making the build environment with torch=={torch.version} ({root.name})"):
+                _make(who, root, python, requires, torch)
     info = json.loads(marker.read_text())
     if info["version"] != torch.version:
         raise OverlayError(f"{who}: the build environment {root} holds torch {info['version']}, not the closure's {torch.version}; delete it and build again.")

@@ -125,6 +125,13 @@ def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env:
     key, inputs = closure_key(index_dir, requirement, python, env)
     entry = (cache or sources.cache_root()) / "closures" / f"{key}.json"
     refresh = os.environ.get("MRL_REFRESH", "").strip() not in ("", "0")
+    # Under the entry's lock: a concurrent build of the same closure waits, then reuses it.
+    with buildcache.locked(entry, who="constraints"):
+        return _resolve_closure(index_dir, requirement, python, env, entry, key, inputs, refresh)
+
+
+def _resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, entry: pathlib.Path, key: str,
+                     inputs: dict[str, Any], refresh: bool) -> str:
     cached = None if refresh else _cached_closure(entry, key)
     if cached is not None:
         closure, age = cached
