@@ -18,7 +18,7 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, buildenv, environment, manifest, patchfile, publish, sources, tomledit, wheels
+from . import buildcache, buildenv, environment, gittree, manifest, patchfile, publish, sources, tomledit, wheels
 from .digest import sha256_file
 from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
@@ -88,7 +88,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
         publish.write_simple(staging, sums)
         find_links = _relative(out, constraints_path.parent)
         requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
-        closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache)
+        # Preferring the committed file's versions keeps a fresh resolution stable.
+        closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache, preferences=project.root / "constraints.txt")
         standins = [n for n, e in entries.items() if not e.from_pin]
         notes = [
             "Built from the pins in patches/*/pin.toml." if not standins
@@ -102,13 +103,46 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
         # complete release, on disk or served as it is over HTTP:
         # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
         # With --base-url it names the index by that URL instead.
-        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or ""))
-        text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env)
+        made_by = _made_by(opts, project, entries, out, constraints_path)
+        (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or "",
+                                                                          made_by=made_by))
+        text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by)
     write_atomically(constraints_path, text)
     for note in notes:
         step.note("build", note)
     step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")
     return BuildResult(out, constraints_path, sums, {n: e.from_pin for n, e in entries.items()}, record)
+
+
+def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.Distribution], out: pathlib.Path,
+             constraints: pathlib.Path) -> tuple[str, ...]:
+    """How the build was made, for the constraints header: the command (a
+    source's path stands as PATH: a machine's paths say nothing elsewhere;
+    what was found there is said below it), uv and the tool."""
+    cmd = ["maxtext-rl-overlay", "build"]
+    for name in opts.sources:
+        cmd.append(f"--source {name}=PATH")
+    if opts.only:
+        cmd.append(f"--only {','.join(opts.only)}")
+    for flag, on in (("--unpinned", opts.allow_unpinned), ("--torch-standin", opts.torch_standin)):
+        if on:
+            cmd.append(flag)
+    if opts.engine:
+        cmd.append(f"--engine {opts.engine}")
+    if opts.base_url:
+        cmd.append(f"--base-url {opts.base_url}")
+    for flag, path, default in (("--out", out, project.root / "dist"), ("--constraints", constraints, project.root / "constraints.txt")):
+        if path != default.resolve():
+            shown = path.relative_to(project.root.resolve()) if path.is_relative_to(project.root.resolve()) else pathlib.Path("...", path.name)
+            cmd.append(f"{flag} {shown}")
+    lines = ["Made by: " + " ".join(cmd)]
+    for name, entry in entries.items():
+        given = opts.sources.get(name)
+        where = "fetched with git" if given is None else (f"--source {pathlib.Path(given).name}" if pathlib.Path(given).is_file() else "--source")
+        what = f"commit {entry.source.commit}, tree {entry.source.tree}" if entry.source.commit else f"tree {entry.source.tree}"
+        lines.append(f"  {name}: {where}, {what}" + ("" if entry.from_pin else " (NOT the pin)"))
+    lines.append(f"  with {buildcache.uv_identity(opts.python)['uv']}, the tool's code sha256 {buildcache.tool_digest()}")
+    return tuple(lines)
 
 
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
@@ -220,15 +254,22 @@ def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifes
         shutil.copy2(root / "README.md", tree / "README.md")
         shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))
         text = (root / "pyproject.toml").read_text()
-        deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items()]
         where = str(root / "pyproject.toml")
+        deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items()]
         text = tomledit.set_value(text, ("project",), "dependencies", deps, where=where)
         if adapter:
             name = record.environment.extra
             extra = list(meta["optional-dependencies"][name]) + [f"{adapter.name}=={adapter.version}"]
             text = tomledit.set_value(text, ("project", "optional-dependencies"), name, extra, where=where)
-        (tree / "pyproject.toml").write_text(text)
         (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(record.dumps())
+        # The version's local label is the git tree id of everything the wheel
+        # is made of but the version (our code, the manifest with every overlay
+        # wheel's sha256, the dependencies), so that two builds never share
+        # one name and version: uv's cache or an index holding both cannot mix them.
+        (tree / "pyproject.toml").write_text(text)
+        label = gittree.tree_id(tree)[:12]
+        text = tomledit.set_value(text, ("project",), "version", f"{meta['version']}+{project.local_label}.{label}", where=where)
+        (tree / "pyproject.toml").write_text(text)
         # The newest pinned commit date: the same on every machine.
         epoch = max((wheels.commit_epoch(e.pin.date) for e in record.distributions.values() if e.pin.date), key=int,
                     default=wheels.commit_epoch(None))

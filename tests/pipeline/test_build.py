@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -61,6 +62,14 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
         assert f'href="{urllib.parse.quote(name)}#sha256={sha}"' in index
         assert f"--hash=sha256:{sha}" in constraints
     assert "NOT built from the pins" in constraints
+    # How it was made: the command (sources as PATH, then what was found
+    # there), uv, the tool; uv's annotations; the overlay's own local label.
+    assert re.search(r"\n# Made by: maxtext-rl-overlay build --source google-tunix=PATH --source tpu-inference=PATH --source vllm=PATH "
+                     r"--only google-tunix,tpu-inference,vllm --unpinned --torch-standin --out \.\.\./dist --constraints \.\.\./constraints\.txt\n"
+                     r"#   google-tunix: --source google_tunix-0\.1\.7\.tar\.gz, tree [0-9a-f]{40} \(NOT the pin\)\n", constraints), constraints[:3000]
+    assert re.search(r"\n#   with uv \d+\.\d+\.\d+.*, the tool's code sha256 [0-9a-f]{64}\n", constraints)
+    assert "\n# Needs uv >= 0.5.3: " in constraints and "\n    # via maxtext-rl-overlay\n" in constraints
+    assert re.search(rf"\nmaxtext-rl-overlay==0\.1\.0\+{PROJECT.local_label}\.[0-9a-f]{{12}} \\\n", constraints)
     assert "--find-links ./dist\n" in constraints
     assert "--find-links .\n" in (out / "constraints.txt").read_text()
     assert sorted(p.relative_to(out).as_posix() for p in (out / "simple").rglob("index.html")) == [

@@ -82,8 +82,9 @@ def test_constraints_pin_exactly_what_the_pins_and_revision_build():
         pin = PROJECT.pins[name]
         want = f"\n{name}=={pin.version}+{PROJECT.local_label} \\\n    --hash=sha256:"
         assert want in text, f"constraints.txt does not pin {name} as the pin builds it: run scripts/build-wheels.sh"
-    overlay_version = PROJECT.metadata["version"]
-    assert f"\nmaxtext-rl-overlay=={overlay_version} \\\n" in text
+    overlay_version = re.escape(f"{PROJECT.metadata['version']}+{PROJECT.local_label}.")
+    assert re.search(rf"\nmaxtext-rl-overlay=={overlay_version}[0-9a-f]{{12}} \\\n", text), "the overlay's wheel carries its local label"
+    assert "\n# Made by: maxtext-rl-overlay build " in text and "\n    # via " in text, "the header says how it was made; annotations kept"
     vllm = re.search(r"^vllm==(\S+) ", text, re.M)
     assert vllm and f"+{PROJECT.local_label}.unpinned." in vllm.group(1), "the vLLM line must be our build, labelled unpinned"
     assert "# NOT built from the pins: stand-in sources for vllm " in text, "vllm must be the only stand-in source, said so"
