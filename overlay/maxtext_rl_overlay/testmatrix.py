@@ -200,6 +200,11 @@ def run(project_root: pathlib.Path, wheels: pathlib.Path, work: pathlib.Path, *,
     return results
 
 
+def junit_name(run_name: str) -> str:
+    """The JUnit XML of one run of a cell, in the cell's folder (the workflows upload them)."""
+    return f"junit{'-' + run_name if run_name else ''}.xml"
+
+
 def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path, cell: Cell, *, platform: str, quick: bool, keep: bool) -> list[CellResult]:
     start = time.monotonic()
     shutil.rmtree(work, ignore_errors=True)
@@ -226,7 +231,7 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
         for run_name, run_env in cell.runs.items():
             label = f"{cell.name}/{run_name}" if run_name else cell.name
             result = CellResult(label, "yes" if verified.returncode == 0 else "NO")
-            junit = work / f"junit{'-' + run_name if run_name else ''}.xml"
+            junit = work / junit_name(run_name)
             began = time.monotonic()
             with step(label, "patched-behaviour suite (tests/fixes)" + (f" with {run_env}" if run_env else "")):
                 subprocess.run(
