@@ -170,7 +170,8 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
             step.note(pin.distribution, "empty series: nothing to apply")
         wheels.set_static_version(tree, version)
         wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution, pin.requirement_files)
-        build_env = buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache) if pin.needs_torch else None
+        build_env = (buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache, pin.directory / buildenv.TOOLCHAIN_FILE)
+                     if pin.needs_torch else None)
         variables = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
         date = pin.date or source.date
         wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=variables, epoch=wheels.commit_epoch(date),

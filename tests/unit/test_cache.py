@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import buildcache
+from maxtext_rl_overlay import buildcache, buildenv
 from maxtext_rl_overlay.errors import OverlayError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ BUILDER = textwrap.dedent("""
     from maxtext_rl_overlay import buildenv
     from maxtext_rl_overlay.environment import Torch
 
-    cache, tree, log = (pathlib.Path(a) for a in sys.argv[1:4])
+    cache, tree, log, toolchain = (pathlib.Path(a) for a in sys.argv[1:5])
 
     def slow_make(who, root, python, requires, torch):
         root.mkdir(parents=True)
@@ -38,7 +38,7 @@ BUILDER = textwrap.dedent("""
         (root / ".complete").write_text(json.dumps({"version": torch.version, "cuda": ""}))
 
     buildenv._make = slow_make
-    env = buildenv.prepare("vllm", tree, Torch("2.11.0", "2.11.0", "0.26.0", "0.26.0", (), False), sys.executable, cache)
+    env = buildenv.prepare("vllm", tree, Torch("2.11.0", "2.11.0", "0.26.0", "0.26.0", (), False), sys.executable, cache, toolchain)
     print(env.root.name)
 """)
 
@@ -47,8 +47,11 @@ def test_two_builders_of_one_build_environment(tmp_path):
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["torch == 2.11.0", "wheel"]\n')
+    # The pinned toolchain of those requirements (torch aside), as committed.
+    toolchain = tmp_path / "build-requirements.txt"
+    toolchain.write_text(f"{buildenv._INPUT}[\"wheel\"]\nwheel==0.45.1 \\\n    --hash=sha256:{'0' * 64}\n")
     cache, log = tmp_path / "cache", tmp_path / "makes.log"
-    args = [sys.executable, "-c", BUILDER, str(cache), str(tree), str(log)]
+    args = [sys.executable, "-c", BUILDER, str(cache), str(tree), str(log), str(toolchain)]
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not log.exists():  # the first one is filling the entry
         assert first.poll() is None, first.communicate()
