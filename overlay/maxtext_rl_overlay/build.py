@@ -138,7 +138,12 @@ def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.D
     lines = ["Made by: " + " ".join(cmd)]
     for name, entry in entries.items():
         given = opts.sources.get(name)
-        where = "fetched with git" if given is None else (f"--source {pathlib.Path(given).name}" if pathlib.Path(given).is_file() else "--source")
+        if given is None:
+            where = "fetched with git"
+        elif pathlib.Path(given).is_file():
+            where = f"--source {pathlib.Path(given).name}"
+        else:
+            where = "--source a git repository" if entry.source.commit else "--source a source tree"
         what = f"commit {entry.source.commit}, tree {entry.source.tree}" if entry.source.commit else f"tree {entry.source.tree}"
         lines.append(f"  {name}: {where}, {what}" + ("" if entry.from_pin else " (NOT the pin)"))
     lines.append(f"  with {buildcache.uv_identity(opts.python)['uv']}, the tool's code sha256 {buildcache.tool_digest()}")
@@ -236,6 +241,13 @@ def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, 
                 dest = tree / name[len(folder):]
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(zf.read(name))
+            # The folder has no licence file of its own: it is MaxText's code under
+            # MaxText's licence, so the wheel carries the release's licence files.
+            licences = [n for n in zf.namelist() if n.split("/")[0].endswith(".dist-info") and "/licenses/" in n and not n.endswith("/")]
+            if not licences:
+                raise OverlayError(f"{env.release.name} carries no licence files (.dist-info/licenses/): cannot redistribute its vLLM plugin.")
+            for name in licences:
+                (tree / name.rsplit("/", 1)[-1]).write_bytes(zf.read(name))
         wheel = wheels.build_wheel(tree, staging, who="maxtext-vllm-adapter", env={}, epoch=wheels.commit_epoch(None), python=python,
                                    cache=cache)
     name, version = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
@@ -252,7 +264,8 @@ def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifes
     with tempfile.TemporaryDirectory(prefix="mrl-overlay-") as tmp:
         tree = pathlib.Path(tmp) / "maxtext-rl-overlay"
         tree.mkdir()
-        shutil.copy2(root / "README.md", tree / "README.md")
+        for name in ("README.md", "LICENSE"):
+            shutil.copy2(root / name, tree / name)
         shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))
         text = (root / "pyproject.toml").read_text()
         where = str(root / "pyproject.toml")

@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import tempfile
 import tomllib
+import zipfile
 from importlib import resources
 from typing import Any
 
@@ -143,10 +144,28 @@ def _build(uv: str, tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env:
         built = list(pathlib.Path(tmp).glob("*.whl"))
         if len(built) != 1:
             raise OverlayError(f"{who}: the build made {len(built)} wheels, expected one.")
+        check_licences(tree, built[0], who)
         out_dir.mkdir(parents=True, exist_ok=True)
         dest = out_dir / built[0].name
         shutil.move(built[0], dest)
     return dest
+
+
+#: The licence files a tree's top folder may hold that its wheels must carry
+#: (setuptools' default license-files globs; Apache-2.0 section 4 asks for the
+#: licence and any NOTICE file with every redistribution).
+LICENCE_GLOBS = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
+
+
+def check_licences(tree: pathlib.Path, wheel: pathlib.Path, who: str) -> None:
+    """Refuse a wheel that lacks a licence file of its tree, or has none at all."""
+    wanted = {p.name: p.read_bytes() for g in LICENCE_GLOBS for p in tree.glob(g) if p.is_file()}
+    with zipfile.ZipFile(wheel) as zf:
+        carried = {n.rsplit("/", 1)[-1]: zf.read(n) for n in zf.namelist() if n.split("/")[0].endswith(".dist-info") and "/licenses/" in n}
+    missing = sorted(name for name, data in wanted.items() if carried.get(name) != data)
+    if missing or not carried:
+        raise OverlayError(f"{who}: the wheel {wheel.name} does not carry the licence file(s) {', '.join(missing) or '(none at all)'} "
+                           f"of its source; its build must ship them (license-files) before the wheel can be published.")
 
 
 def _wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: str, build_env: BuildEnv | None) -> dict[str, Any]:

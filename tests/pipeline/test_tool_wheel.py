@@ -50,6 +50,9 @@ def test_tool_wheel_holds_every_package_file(tool_wheel):
     missing = sorted(_package_files() - names)
     assert not missing, f"the tool's wheel lacks {missing}: add them to [tool.setuptools.package-data]"
     assert "maxtext_rl_overlay/resources/build-constraints.txt" in names
+    (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    with zipfile.ZipFile(tool_wheel) as zf:
+        assert zf.read(licence) == (ROOT / "LICENSE").read_bytes()
 
 
 def test_build_runs_from_the_installed_wheel(tool_wheel, tmp_path, standin, cache_dir, project):

@@ -5,50 +5,18 @@ offline, on wheels made here."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
-import zipfile
 
 import pytest
 from packaging.version import Version
 
 from maxtext_rl_overlay import publish
 from maxtext_rl_overlay.environment import Environment, Torch
-
-UV = shutil.which("uv") or str(pathlib.Path(sys.executable).parent / "uv")
-
-
-def _wheel(folder: pathlib.Path, name: str, version: str, requires: tuple[str, ...] = ()) -> pathlib.Path:
-    """An installable wheel: a package, METADATA, WHEEL and RECORD."""
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        f"{dist}/__init__.py": b"",
-        f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                             + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = "".join(f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
-                     for n, d in files.items()) + f"{info}/RECORD,,\n"
-    path = folder / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for n, d in {**files, f"{info}/RECORD": record.encode()}.items():
-            zf.writestr(zipfile.ZipInfo(n, (1980, 1, 1, 0, 0, 0)), d)
-    return path
-
-
-def _uv_env(tmp_path: pathlib.Path) -> dict[str, str]:
-    # Only the find-links folders (the index is an empty folder: no registry), no user settings; the tool runs this uv.
-    (tmp_path / "no-index").mkdir(exist_ok=True)
-    return dict(os.environ, UV_DEFAULT_INDEX=(tmp_path / "no-index").as_uri(), UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1",
-                UV_CACHE_DIR=str(tmp_path / "uv-cache"),
-                PATH=f"{pathlib.Path(UV).parent}{os.pathsep}{os.environ['PATH']}")
+from unit.unit_support import UV, installable_wheel, uv_offline_env
 
 
 def test_this_uv_refuses_a_wheel_whose_hash_the_constraints_contradict(tmp_path):
@@ -58,9 +26,9 @@ def test_this_uv_refuses_a_wheel_whose_hash_the_constraints_contradict(tmp_path)
     assert Version(version) >= Version(publish.UV_CHECKS_CONSTRAINT_HASHES)
     links = tmp_path / "links"
     links.mkdir()
-    wheel = _wheel(links, "mrl-probe", "1.0")
+    wheel = installable_wheel(links, "mrl-probe", "1.0")
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    env = _uv_env(tmp_path)
+    env = uv_offline_env(tmp_path)
     results = {}
     for name, digest in (("right", sha), ("tampered", "0" * 64)):
         constraints = tmp_path / f"{name}.txt"
@@ -83,16 +51,16 @@ def index(tmp_path, monkeypatch):
     """(index folder, find-links folder): the overlay wheel needs mrl-probe,
     of which 1.0 and 1.1 are there, and the closure's torch."""
     monkeypatch.delenv("MRL_REFRESH", raising=False)
-    for key, value in _uv_env(tmp_path).items():
+    for key, value in uv_offline_env(tmp_path).items():
         monkeypatch.setenv(key, value)
     idx, links = tmp_path / "index", tmp_path / "links"
     idx.mkdir()
     links.mkdir()
-    _wheel(idx, "maxtext-rl-overlay", "0.1.0+mrl.2.abc", ("mrl-probe", "torch", "torchvision"))
+    installable_wheel(idx, "maxtext-rl-overlay", "0.1.0+mrl.2.abc", ("mrl-probe", "torch", "torchvision"))
     for version in ("1.0", "1.1"):
-        _wheel(links, "mrl-probe", version)
-    _wheel(links, "torch", "2.11.0")
-    _wheel(links, "torchvision", "0.26.0")
+        installable_wheel(links, "mrl-probe", version)
+    installable_wheel(links, "torch", "2.11.0")
+    installable_wheel(links, "torchvision", "0.26.0")
     return idx, links
 
 
