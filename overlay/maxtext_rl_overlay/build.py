@@ -264,8 +264,9 @@ def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifes
     with tempfile.TemporaryDirectory(prefix="mrl-overlay-") as tmp:
         tree = pathlib.Path(tmp) / "maxtext-rl-overlay"
         tree.mkdir()
-        for name in ("README.md", "LICENSE"):
-            shutil.copy2(root / name, tree / name)
+        shutil.copy2(root / "README.md", tree / "README.md")
+        if (root / "LICENSE").is_file():  # without it the wheel is refused: check_licences
+            shutil.copy2(root / "LICENSE", tree / "LICENSE")
         shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))
         text = (root / "pyproject.toml").read_text()
         where = str(root / "pyproject.toml")

@@ -30,7 +30,7 @@ def project(tmp_path) -> pathlib.Path:
     """A copy of this project that a test may change (pins, patches)."""
     dest = tmp_path / "project"
     dest.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, dest / name)
     for name in ("overlay", "patches"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))

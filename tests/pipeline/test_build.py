@@ -127,8 +127,8 @@ def test_vllm_build_environment_holds_the_pinned_toolchain(built, cache_dir):
     assert "[vllm] build toolchain: " in proc.stderr and "pinned with hashes by vllm/build-requirements.txt" in proc.stderr
     pinned = (PROJECT.pins["vllm"].directory / "build-requirements.txt").read_text()
     (env,) = (cache_dir / "buildenv").iterdir()
-    installed = {p.name.split("-")[0].lower().replace("_", "-"): p.name.split("-")[1].removesuffix(".dist-info")
-                 for p in env.glob("lib/python*/site-packages/*.dist-info")}
+    installed = dict(p.name.removesuffix(".dist-info").rsplit("-", 1) for p in env.glob("lib/python*/site-packages/*.dist-info"))
+    installed = {name.lower().replace("_", "-"): version for name, version in installed.items()}
     for name in ("cmake", "ninja", "setuptools-scm", "setuptools-rust", "jinja2", "setuptools", "wheel"):
         assert f"\n{name}=={installed[name]} \\\n" in pinned, (name, installed.get(name))
 

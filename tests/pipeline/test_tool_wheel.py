@@ -55,7 +55,7 @@ def test_tool_wheel_holds_every_package_file(tool_wheel):
         assert zf.read(licence) == (ROOT / "LICENSE").read_bytes()
 
 
-def test_build_runs_from_the_installed_wheel(tool_wheel, tmp_path, standin, cache_dir, project):
+def test_build_runs_from_the_installed_wheel(tool_wheel, tmp_path, standin, cache_dir, project, built):
     venv = tmp_path / "venv"
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", MRL_CACHE_DIR=str(cache_dir))
     subprocess.run([UV, "venv", "--quiet", "-p", sys.executable, str(venv)], check=True, env=env)
@@ -74,3 +74,7 @@ def test_build_runs_from_the_installed_wheel(tool_wheel, tmp_path, standin, cach
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert sorted(p.name.split("-")[0] for p in out.glob("*.whl")) == ["google_tunix", "maxtext_rl_overlay", "maxtext_vllm_adapter"]
+    # Another build (other wheels inside), another name: the overlay's local label.
+    (ours,) = out.glob("maxtext_rl_overlay-*.whl")
+    (other,) = built[0].glob("maxtext_rl_overlay-*.whl")
+    assert ours.name != other.name and ours.name.split("-")[1].split("+")[0] == other.name.split("-")[1].split("+")[0], (ours.name, other.name)
