@@ -23,7 +23,7 @@ wheels and published with a constraints file.
 On a TPU VM, after `uv pip install -c constraints.txt maxtext-rl-overlay`
 (or "maxtext-rl-overlay[maxtext]"), run `maxtext-rl-overlay verify`.
 In a checkout of the project, `build`, `lint`, `rebase` and `test-matrix`
-make and test the release."""
+make and test the release; `clean` empties the build cache."""
 
 
 class ExitCode(enum.IntEnum):
@@ -199,6 +199,15 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
     return ExitCode.CHECK_FAILED if report.needs_action else ExitCode.OK
 
 
+def _cmd_clean(args: argparse.Namespace) -> int:
+    from . import buildcache, sources
+
+    done = buildcache.clean(sources.cache_root())
+    what = ", ".join(done.removed) if done.removed else "nothing was kept"
+    print(f"clean: {done.cache}: {what}; {done.freed / 2**30:.1f} GiB freed")
+    return ExitCode.OK
+
+
 def _parser() -> argparse.ArgumentParser:
     from .patching import ENGINES
     from .pins import DISTRIBUTIONS
@@ -276,6 +285,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--quick", action="store_true", help="the subset every CI run takes")
     t.add_argument("--keep", action="store_true", help="keep the venvs")
     t.set_defaults(func=_cmd_test_matrix)
+
+    c = command("clean", "empty the build cache (MRL_CACHE_DIR, by default ~/.cache/maxtext-rl-overlay); refused while a build uses it")
+    c.set_defaults(func=_cmd_clean)
     return parser
 
 

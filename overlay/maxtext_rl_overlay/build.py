@@ -17,7 +17,7 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildenv, environment, interrupts, manifest, patchfile, publish, sources, tomledit, wheels
+from . import buildcache, buildenv, environment, gittree, interrupts, manifest, patchfile, publish, sources, tomledit, wheels
 from .digest import sha256_file
 from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
@@ -63,6 +63,12 @@ def build(opts: BuildOptions) -> BuildResult:
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     cache = opts.cache or sources.cache_root()
+    with buildcache.using(cache):
+        return _build(project, chosen, opts, cache, base, out, constraints_path)
+
+
+def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathlib.Path, base: str | None, out: pathlib.Path,
+           constraints_path: pathlib.Path) -> BuildResult:
     env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
     # Everything is made in a staging folder beside `out` and moved into place
     # at the end (0755: a web server may run as another user); constraints.txt
@@ -83,7 +89,8 @@ def build(opts: BuildOptions) -> BuildResult:
             publish.write_simple(staging, sums)
             find_links = _relative(out, constraints_path.parent)
             requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
-            closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache)
+            # Preferring the committed file's versions keeps a fresh resolution stable.
+            closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache, preferences=project.root / "constraints.txt")
             standins = [n for n, e in entries.items() if not e.from_pin]
             notes = [
                 "Built from the pins in patches/*/pin.toml." if not standins
@@ -97,14 +104,52 @@ def build(opts: BuildOptions) -> BuildResult:
             # complete release, on disk or served as it is over HTTP:
             # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
             # With --base-url it names the index by that URL instead.
-            (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or ""))
-            text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env)
+            made_by = _made_by(opts, project, entries, out, constraints_path)
+            (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or "",
+                                                                              made_by=made_by))
+            text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by)
             publishing.begin()  # the last point where an interrupt leaves the previous build in place
         write_atomically(constraints_path, text)
     for note in notes:
         step.note("build", note)
     step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")
     return BuildResult(out, constraints_path, sums, {n: e.from_pin for n, e in entries.items()}, record)
+
+
+def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.Distribution], out: pathlib.Path,
+             constraints: pathlib.Path) -> tuple[str, ...]:
+    """How the build was made, for the constraints header: the command (a
+    source's path stands as PATH: a machine's paths say nothing elsewhere;
+    what was found there is said below it), uv and the tool."""
+    cmd = ["maxtext-rl-overlay", "build"]
+    for name in opts.sources:
+        cmd.append(f"--source {name}=PATH")
+    if opts.only:
+        cmd.append(f"--only {','.join(opts.only)}")
+    for flag, on in (("--unpinned", opts.allow_unpinned), ("--torch-standin", opts.torch_standin)):
+        if on:
+            cmd.append(flag)
+    if opts.engine:
+        cmd.append(f"--engine {opts.engine}")
+    if opts.base_url:
+        cmd.append(f"--base-url {opts.base_url}")
+    for flag, path, default in (("--out", out, project.root / "dist"), ("--constraints", constraints, project.root / "constraints.txt")):
+        if path != default.resolve():
+            shown = path.relative_to(project.root.resolve()) if path.is_relative_to(project.root.resolve()) else pathlib.Path("...", path.name)
+            cmd.append(f"{flag} {shown}")
+    lines = ["Made by: " + " ".join(cmd)]
+    for name, entry in entries.items():
+        given = opts.sources.get(name)
+        if given is None:
+            where = "fetched with git"
+        elif pathlib.Path(given).is_file():
+            where = f"--source {pathlib.Path(given).name}"
+        else:
+            where = "--source a git repository" if entry.source.commit else "--source a source tree"
+        what = f"commit {entry.source.commit}, tree {entry.source.tree}" if entry.source.commit else f"tree {entry.source.tree}"
+        lines.append(f"  {name}: {where}, {what}" + ("" if entry.from_pin else " (NOT the pin)"))
+    lines.append(f"  with {buildcache.uv_identity(opts.python)['uv']}, the tool's code sha256 {buildcache.tool_digest()}")
+    return tuple(lines)
 
 
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
@@ -132,7 +177,8 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
             step.note(pin.distribution, "empty series: nothing to apply")
         wheels.set_static_version(tree, version)
         wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution, pin.requirement_files)
-        build_env = buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache) if pin.needs_torch else None
+        build_env = (buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache, pin.directory / buildenv.TOOLCHAIN_FILE)
+                     if pin.needs_torch else None)
         variables = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
         date = pin.date or source.date
         wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=variables, epoch=wheels.commit_epoch(date),
@@ -197,6 +243,13 @@ def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, 
                 dest = tree / name[len(folder):]
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(zf.read(name))
+            # The folder has no licence file of its own: it is MaxText's code under
+            # MaxText's licence, so the wheel carries the release's licence files.
+            licences = [n for n in zf.namelist() if n.split("/")[0].endswith(".dist-info") and "/licenses/" in n and not n.endswith("/")]
+            if not licences:
+                raise OverlayError(f"{env.release.name} carries no licence files (.dist-info/licenses/): cannot redistribute its vLLM plugin.")
+            for name in licences:
+                (tree / name.rsplit("/", 1)[-1]).write_bytes(zf.read(name))
         wheel = wheels.build_wheel(tree, staging, who="maxtext-vllm-adapter", env={}, epoch=wheels.commit_epoch(None), python=python,
                                    cache=cache)
     name, version = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
@@ -214,17 +267,26 @@ def _build_overlay(project: Project, record: manifest.Manifest, adapter: manifes
         tree = tmp / "maxtext-rl-overlay"
         tree.mkdir()
         shutil.copy2(root / "README.md", tree / "README.md")
+        if (root / "LICENSE").is_file():  # without it the wheel is refused: check_licences
+            shutil.copy2(root / "LICENSE", tree / "LICENSE")
         shutil.copytree(root / "overlay", tree / "overlay", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info"))
         text = (root / "pyproject.toml").read_text()
-        deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items()]
         where = str(root / "pyproject.toml")
+        deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items()]
         text = tomledit.set_value(text, ("project",), "dependencies", deps, where=where)
         if adapter:
             name = record.environment.extra
             extra = list(meta["optional-dependencies"][name]) + [f"{adapter.name}=={adapter.version}"]
             text = tomledit.set_value(text, ("project", "optional-dependencies"), name, extra, where=where)
-        (tree / "pyproject.toml").write_text(text)
         (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(record.dumps())
+        # The version's local label is the git tree id of everything the wheel
+        # is made of but the version (our code, the manifest with every overlay
+        # wheel's sha256, the dependencies), so that two builds never share
+        # one name and version: uv's cache or an index holding both cannot mix them.
+        (tree / "pyproject.toml").write_text(text)
+        label = gittree.tree_id(tree)[:12]
+        text = tomledit.set_value(text, ("project",), "version", f"{meta['version']}+{project.local_label}.{label}", where=where)
+        (tree / "pyproject.toml").write_text(text)
         # The newest pinned commit date: the same on every machine.
         epoch = max((wheels.commit_epoch(e.pin.date) for e in record.distributions.values() if e.pin.date), key=int,
                     default=wheels.commit_epoch(None))

@@ -6,21 +6,51 @@ resolution of the closure, a wheel) is found by the sha256 of a record of its
 inputs: contents rather than paths, the uv that made it and how it was
 configured, and the tool's own code. A change to any of them is a miss, never
 a stale answer. The record is stored beside the result, which is written
-whole and checked by its own sha256 when it is reused."""
+whole and checked by its own sha256 when it is reused.
+
+Several builds may share one cache (two checkouts, a CI runner's jobs), so
+every entry is made and read under its own lock (flock on
+`locks/<kind>/<entry>.lock`, so the entries' folders hold only entries):
+one build makes an entry while the others wait for it, and none removes an
+entry another is filling. A build holds the cache's own lock shared for its
+whole run, and `clean` takes it exclusively, so the cache is never emptied
+under a running build. The cache's root carries a CACHEDIR.TAG, so backup
+and archiving tools skip it."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tomllib
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 from . import proc
+from .errors import OverlayError
+from .progress import step
+from .staging import write_atomically
+
+#: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
+CACHEDIR_TAG = "CACHEDIR.TAG"
+_TAG_TEXT = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by maxtext-rl-overlay.\n"
+    "# For information about cache directory tags, see https://bford.info/cachedir/\n"
+    "# Everything here can be made again; `maxtext-rl-overlay clean` empties it.\n"
+)
+#: Where the locks live, in the cache; the cache's own lock (held shared by
+#: every build, exclusively by `clean`) is the one at its top.
+LOCKS = "locks"
+_ROOT_LOCK = "cache.lock"
 
 
 def key(inputs: dict[str, Any]) -> str:
@@ -109,3 +139,106 @@ def _uv_config() -> dict[str, str]:
             data = json.dumps(table, sort_keys=True, default=str).encode()
         found[str(path)] = hashlib.sha256(data).hexdigest()
     return found
+
+
+def lock_path(entry: pathlib.Path) -> pathlib.Path:
+    """The lock file of a cache entry `<cache>/<kind>/<name>` (a folder or a file)."""
+    return entry.parent.parent / LOCKS / entry.parent.name / f"{entry.name}.lock"
+
+
+def locked(entry: pathlib.Path, *, who: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the lock of the cache entry `entry`, exclusively, for the block:
+    make it, or check and read it, while no other build touches it."""
+    return _flock(lock_path(entry), who=who, what=f"the cache's {entry.parent.name}/{entry.name}")
+
+
+@contextlib.contextmanager
+def _flock(path: pathlib.Path, *, who: str, what: str, shared: bool = False, wait: bool = True) -> Iterator[None]:
+    """Hold the flock of `path` (exclusive unless `shared`) for the block.
+
+    A lock held elsewhere is waited for, said once in the output; with
+    `wait=False` BlockingIOError is raised instead. Should a lock file be
+    removed while it is waited for, the waiter finds that the file it locked
+    is no longer the one at the path, and locks the one there now."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    raise
+                step.note(who, f"waiting for another build to finish with {what}")
+                fcntl.flock(fd, mode)
+            held = os.fstat(fd)
+            try:
+                current: os.stat_result | None = os.stat(path)
+            except FileNotFoundError:
+                current = None
+        except BaseException:
+            os.close(fd)
+            raise
+        if current is not None and (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev):
+            break
+        os.close(fd)  # removed while we waited: lock the file at the path now
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def using(cache: pathlib.Path) -> Iterator[None]:
+    """A build's hold on the cache: shared with other builds, not with
+    `clean`. It also tags the folder as a cache."""
+    cache.mkdir(parents=True, exist_ok=True)
+    if not (cache / CACHEDIR_TAG).is_file():
+        write_atomically(cache / CACHEDIR_TAG, _TAG_TEXT)
+    try:
+        hold = _flock(cache / LOCKS / _ROOT_LOCK, who="cache", what="the cache", shared=True, wait=False)
+        hold.__enter__()
+    except BlockingIOError:
+        raise OverlayError(f"the cache {cache} is being cleaned (maxtext-rl-overlay clean); build again when that has finished.") from None
+    try:
+        yield
+    finally:
+        hold.__exit__(None, None, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cleaned:
+    cache: pathlib.Path
+    removed: tuple[str, ...]  # the folders and files removed from the cache's root
+    freed: int  # bytes
+
+
+def clean(cache: pathlib.Path) -> Cleaned:
+    """Remove everything kept in `cache` (source trees, patched trees, wheels,
+    build environments, resolutions, releases, git mirrors), keeping its tag
+    and its locks (no build holds one: they are taken only under the cache's
+    own lock). Refused while a build is using the cache: it may be reading any entry."""
+    if not cache.is_dir():
+        return Cleaned(cache, (), 0)
+    removed, freed = [], 0
+    try:
+        with _flock(cache / LOCKS / _ROOT_LOCK, who="cache", what="the cache", wait=False):
+            for item in sorted(cache.iterdir()):
+                if item.name in (CACHEDIR_TAG, LOCKS):
+                    continue
+                freed += _size(item)
+                if item.is_dir() and not item.is_symlink():
+                    shutil.rmtree(item)
+                else:
+                    item.unlink()
+                removed.append(item.name)
+    except BlockingIOError:
+        raise OverlayError(f"the cache {cache} is in use by a running build; clean it once the build has finished.") from None
+    return Cleaned(cache, tuple(removed), freed)
+
+
+def _size(path: pathlib.Path) -> int:
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_size
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())

@@ -14,7 +14,18 @@ the version that torch itself requires (cuda-toolkit), and the extensions
 link libtorch_cuda.so as well: they need that CUDA torch at run time, which
 is the stand-in closure's.
 
-Environments are cached by their inputs. A venv cannot be moved once made,
+The rest of the build requirements (cmake, ninja, setuptools-scm,
+setuptools-rust, jinja2, ... : the toolchain) are pinned with hashes in a
+generated file beside the pin, `patches/<dist>/build-requirements.txt`,
+whose header says how it was made and from which requirements. The build
+installs exactly those (`--require-hashes`), then torch under them, so that
+a re-run of a release tag weeks later builds with the same tools. The file
+is resolved again only when the tree's requirements no longer match the
+ones it records (a moved pin), preferring its old versions; the build says
+so, and the new file is to be committed.
+
+Environments are cached by their inputs: the pinned toolchain (versions
+and hashes), torch and the interpreter. A venv cannot be moved once made,
 so one is made in place and marked complete only at the end; an incomplete
 one is made again."""
 
@@ -26,17 +37,25 @@ import json
 import os
 import pathlib
 import shutil
+import sys
+import tempfile
 import tomllib
 from importlib import resources
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
+from . import buildcache
 from .environment import Torch
 from .errors import OverlayError
 from .proc import run
 from .progress import step
+from .staging import write_atomically
 
 BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
+#: The pinned build toolchain of a distribution built here, in its pin's folder.
+TOOLCHAIN_FILE = "build-requirements.txt"
+_INPUT = "# Input (the tree's build-system requires, torch aside): "
 #: The parts of the CUDA toolkit a CUDA torch's CMake config needs to configure.
 CUDA_TOOLKIT_EXTRAS = "nvcc,crt,nvvm,cccl,cudart"
 _PROBE = (
@@ -54,15 +73,20 @@ class BuildEnv:
     cuda: str  # its CUDA version, "" for a CPU build
 
 
-def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: pathlib.Path) -> BuildEnv:
+def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: pathlib.Path, toolchain_file: pathlib.Path) -> BuildEnv:
     requires = _build_requires(who, tree, torch)
-    key = hashlib.sha256(json.dumps([requires, torch.find_links, _version_of(python), BUILD_CONSTRAINTS.read_text()]).encode()).hexdigest()[:16]
+    toolchain = pinned_toolchain(who, requires, python, toolchain_file)
+    key = hashlib.sha256(json.dumps([_pins_and_hashes(toolchain), torch.version, torch.find_links, _version_of(python)]).encode()).hexdigest()[:16]
     root = cache / "buildenv" / key
     marker = root / ".complete"
-    if not marker.is_file():
-        shutil.rmtree(root, ignore_errors=True)
-        with step(who, f"making the build environment with torch=={torch.version} ({root.name})"):
-            _make(who, root, python, requires, torch)
+    # Under the entry's lock: an incomplete environment is one a build was
+    # interrupted in (no other build can be filling it), so it is made again;
+    # a concurrent build wanting the same one waits for it.
+    with buildcache.locked(root, who=who):
+        if not marker.is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            with step(who, f"making the build environment with torch=={torch.version} ({root.name})"):
+                _make(who, root, python, toolchain, torch)
     info = json.loads(marker.read_text())
     if info["version"] != torch.version:
         raise OverlayError(f"{who}: the build environment {root} holds torch {info['version']}, not the closure's {torch.version}; delete it and build again.")
@@ -85,7 +109,8 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
 
 
 def _build_requires(who: str, tree: pathlib.Path, torch: Torch) -> list[str]:
-    """The source's build requirements, torch replaced by the closure's."""
+    """The source's build requirements but torch (whose requirement must
+    admit the closure's torch), sorted."""
     try:
         requires = tomllib.loads((tree / "pyproject.toml").read_text())["build-system"]["requires"]
     except (FileNotFoundError, KeyError, tomllib.TOMLDecodeError):
@@ -105,35 +130,110 @@ def _build_requires(who: str, tree: pathlib.Path, torch: Torch) -> list[str]:
             )
     if not found:
         raise OverlayError(f"{who}: its pin says it builds against torch ([build] torch = true), but its build-system does not require torch.")
-    return sorted(out) + [f"torch=={torch.version}"]
+    return sorted(out)
+
+
+def pinned_toolchain(who: str, requires: list[str], python: str, path: pathlib.Path) -> str:
+    """The text of `path`, the pinned toolchain for `requires`: read as it
+    is when it records these requirements, else resolved (preferring its
+    old versions) and written."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        text, reason = "", "there is none yet"
+    else:
+        if _recorded_input(text) == requires:
+            step.note(who, f"build toolchain: {len(_pins_and_hashes(text))} packages pinned with hashes by {path.parent.name}/{path.name}")
+            return text
+        reason = "the tree's build requirements are not the ones it records"
+    with tempfile.TemporaryDirectory(prefix="mrl-toolchain-") as tmp:
+        out = pathlib.Path(tmp) / TOOLCHAIN_FILE
+        # uv keeps the pins of an existing output file where it can: the old versions are preferred.
+        out.write_text("".join(f"{name}=={version}\n" for name, (version, _) in _pins_and_hashes(text).items()))
+        backends = pathlib.Path(tmp) / "build-constraints.txt"
+        backends.write_text(BUILD_CONSTRAINTS.read_text())
+        flags = ["--generate-hashes", "--no-header", "--quiet", "-c", backends.name]
+        with step(who, f"resolving the build toolchain ({reason})"):
+            _run(who, ["uv", "pip", "compile", "-", *flags, "--python", python, "--output-file", out.name], "resolving the build toolchain",
+                 cwd=pathlib.Path(tmp), input="".join(f"{r}\n" for r in requires))
+        body = out.read_text()
+    header = [
+        f"# The build toolchain of {who}, pinned with hashes: generated by `maxtext-rl-overlay build`; do not edit.",
+        "# The build installs exactly these (uv pip install --require-hashes --no-deps -r), then the closure's torch under them.",
+        "# Resolved again, preferring these versions, only when the tree's build requirements change: commit the result.",
+        f"# Made by: uv pip compile - {' '.join(flags)} --python PYTHON --output-file {TOOLCHAIN_FILE}",
+        f"#   with {_uv_version()}, PYTHON {_version_of(python).split()[0]} on {sys.platform} {os.uname().machine}; "
+        f"build-constraints.txt: the tool's pinned build backends; stdin: the input below",
+        _INPUT + json.dumps(requires),
+    ]
+    text = "\n".join(header) + "\n" + body
+    write_atomically(path, text)
+    step.note(who, f"wrote the pinned build toolchain {path} ({len(_pins_and_hashes(text))} packages): commit it")
+    return text
+
+
+def _recorded_input(text: str) -> list[str] | None:
+    for line in text.splitlines():
+        if line.startswith(_INPUT):
+            try:
+                value = json.loads(line[len(_INPUT):])
+            except ValueError:
+                return None
+            return [str(v) for v in value] if isinstance(value, list) else None
+    return None
+
+
+def _pins_and_hashes(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """{name: (version, sorted hashes)} of a hashed requirements file."""
+    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    name = ""
+    for line in text.splitlines():
+        if "==" in line and line[:1] not in " \t#-":
+            name, version = line.split("==", 1)
+            name = canonicalize_name(name)
+            out[name] = (version.split()[0].rstrip("\\"), ())
+        elif name and line.strip().startswith("--hash="):
+            version, hashes = out[name]
+            out[name] = (version, tuple(sorted((*hashes, line.strip().split("=", 1)[1].rstrip(" \\")))))
+    return out
+
+
+def _uv_version() -> str:
+    return str(run(["uv", "--version"], what="reading uv's version").stdout).strip()
 
 
 def _version_of(python: str) -> str:
     return str(run([python, "-c", "import sys; print(sys.version)"], what=f"asking {python} its version").stdout).strip()
 
 
-def _run(who: str, cmd: list[str], what: str) -> str:
-    return str(run(cmd, who=who, what=what, env={"UV_PYTHON_DOWNLOADS": "never"}, log=True).stdout)
+def _run(who: str, cmd: list[str], what: str, cwd: pathlib.Path | None = None, input: str | None = None) -> str:
+    return str(run(cmd, who=who, what=what, env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, cwd=cwd, input=input).stdout)
 
 
-def _make(who: str, root: pathlib.Path, python: str, requires: list[str], torch: Torch) -> None:
+def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torch) -> None:
     uv = shutil.which("uv") or "uv"
     vpy = str(root / "bin" / "python")
     links = [a for link in torch.find_links for a in ("--find-links", link)]
-    with resources.as_file(BUILD_CONSTRAINTS) as constraints:
+    with tempfile.TemporaryDirectory(prefix="mrl-buildenv-") as tmp:
+        lockfile = pathlib.Path(tmp) / TOOLCHAIN_FILE
+        lockfile.write_text(toolchain)
         _run(who, [uv, "venv", "--quiet", "-p", python, str(root)], "making the build venv")
-        _run(who, [uv, "pip", "install", "--quiet", "-p", vpy, "-c", str(constraints), *links, *requires], "installing the build requirements")
-    info = json.loads(_run(who, [vpy, "-c", _PROBE], "importing torch in the build venv").strip().splitlines()[-1])
-    if info["version"] != torch.version:
-        raise OverlayError(f"{who}: the build venv got torch {info['version']}, not the closure's {torch.version}.")
-    if info["cuda"]:
-        toolkit = [r for r in info["requires"] if Requirement(r).name == "cuda-toolkit"]
-        pinned = [s.version for r in toolkit for s in Requirement(r).specifier if s.operator == "=="]
-        if len(pinned) != 1:
-            raise OverlayError(f"{who}: torch {info['version']} is a CUDA build but does not pin cuda-toolkit ({toolkit}); "
-                               "cannot choose the toolkit to build against.")
-        _run(who, [uv, "pip", "install", "--quiet", "-p", vpy, f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={pinned[0]}"], "installing the CUDA toolkit")
-        info["cuda_home"] = str(_link_toolkit(who, root, info["cuda"]))
+        _run(who, [uv, "pip", "install", "--quiet", "-p", vpy, "--require-hashes", "--no-deps", "-r", str(lockfile)],
+             "installing the pinned build toolchain")
+        # torch and what it needs under the toolchain's pins (and their hashes): what they share stays as pinned.
+        under = [uv, "pip", "install", "--quiet", "-p", vpy, "-c", str(lockfile)]
+        _run(who, [*under, *links, f"torch=={torch.version}"], "installing torch")
+        info = json.loads(_run(who, [vpy, "-c", _PROBE], "importing torch in the build venv").strip().splitlines()[-1])
+        if info["version"] != torch.version:
+            raise OverlayError(f"{who}: the build venv got torch {info['version']}, not the closure's {torch.version}.")
+        if info["cuda"]:
+            toolkit = [r for r in info["requires"] if Requirement(r).name == "cuda-toolkit"]
+            pinned = [s.version for r in toolkit for s in Requirement(r).specifier if s.operator == "=="]
+            if len(pinned) != 1:
+                raise OverlayError(f"{who}: torch {info['version']} is a CUDA build but does not pin cuda-toolkit ({toolkit}); "
+                                   "cannot choose the toolkit to build against.")
+            _run(who, [*under, f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={pinned[0]}"], "installing the CUDA toolkit")
+            info["cuda_home"] = str(_link_toolkit(who, root, info["cuda"]))
     (root / ".complete").write_text(json.dumps(info, sort_keys=True))
 
 

@@ -69,12 +69,14 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine
     if problems:
         raise OverlayError("the series does not pass the patch lint:\n  " + "\n  ".join(problems))
     inputs = _patched_inputs(pin, source, engine) if cache is not None and patches else None
-    if cache is not None and inputs is not None:
+    if cache is None or inputs is None:
+        return _apply(pin, source, dest, patches, engine)
+    # Under the entry's lock: a concurrent build of the same tree waits, then reuses it.
+    with buildcache.locked(_entry(cache, pin, inputs), who=pin.distribution):
         kept = _kept_tree(cache, pin, inputs, dest)
         if kept is not None:
             return kept
-    applied = _apply(pin, source, dest, patches, engine)
-    if cache is not None and inputs is not None:
+        applied = _apply(pin, source, dest, patches, engine)
         _keep_tree(cache, pin, inputs, dest, applied)
     return applied
 
@@ -128,11 +130,15 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
     }
 
 
+def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> pathlib.Path:
+    return cache / "patched" / f"{pin.distribution}-{buildcache.key(inputs)}"
+
+
 def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[AppliedPatch] | None:
     """The series' outcome, with the patched tree copied to `dest`, when a
     whole one is kept for these inputs (its git tree id checked); else None."""
     key = buildcache.key(inputs)
-    entry = cache / "patched" / f"{pin.distribution}-{key}"
+    entry = _entry(cache, pin, inputs)
     try:
         record = json.loads((entry / "record.json").read_text())
         applied = [AppliedPatch(p["name"], p["subject"], p["upstream_status"], p["blobs_checked"], tuple(p["files"]))
@@ -161,14 +167,14 @@ def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: path
 
 def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: pathlib.Path, applied: list[AppliedPatch]) -> None:
     key = buildcache.key(inputs)
-    entry = cache / "patched" / f"{pin.distribution}-{key}"
+    entry = _entry(cache, pin, inputs)
     shutil.rmtree(entry, ignore_errors=True)
     record = {"key": key, "tree": gittree.tree_id(tree), "inputs": inputs, "applied": [dataclasses.asdict(a) for a in applied]}
     try:
         with staged_dir(entry) as staged:
             shutil.copytree(tree, staged / "tree", symlinks=True)
             (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    except OSError as exc:  # a concurrent build kept it first, or the cache is full: the result stands
+    except OSError as exc:  # the cache is full or read-only: the result stands
         step.note(pin.distribution, f"the patched tree was not kept for reuse ({exc})")
 
 

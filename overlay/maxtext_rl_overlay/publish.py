@@ -20,7 +20,15 @@ cached answer is what the same inputs resolved to when it was made. It is
 reused for at most MRL_CLOSURE_MAX_AGE seconds (a day by default: the first
 build of a day resolves afresh), MRL_REFRESH=1 resolves afresh whatever its
 age, deleting the folder clears it, and the build output says when a cached
-resolution was used. The torch pin check runs on every answer, cached or not."""
+resolution was used. The torch pin check runs on every answer, cached or not.
+
+A fresh resolution prefers the versions the project's committed
+constraints.txt pins (uv pip compile keeps the pins of an existing output
+file unless the inputs rule them out), so that resolving again, in CI or
+on another day, gives the same closure rather than whatever the registry
+lists that minute (a freshly released package can be listed by one request
+and missing from the next). The build says how many pins it kept and which
+moved; deleting the committed file resolves from scratch."""
 
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ import email.parser
 import hashlib
 import html
 import json
+import os
 import pathlib
 import shutil
 import time
@@ -48,9 +57,16 @@ from .staging import scratch_dir, write_atomically
 STANDIN_OVERRIDES = "torch-standin-overrides.txt"
 
 #: The resolver's flags (besides the inputs' files), part of the cache key.
-COMPILE_FLAGS = ("--quiet", "--no-header", "--no-annotate", "--generate-hashes")
+#: Its annotations (`# via ...`: why each package is in the closure) are kept.
+COMPILE_FLAGS = ("--quiet", "--no-header", "--generate-hashes")
 #: Bump when the cache entry's layout or the key's meaning changes.
-CLOSURE_CACHE_FORMAT = 1
+CLOSURE_CACHE_FORMAT = 2
+#: The oldest uv that checks the `--hash` lines of a `-c` file by default,
+#: measured with PyPI's uv releases (a tampered hash in -c, a find-links
+#: wheel): 0.5.2 and older install the wheel anyway; 0.4.6 to 0.5.2 check it
+#: only with --verify-hashes (uv#7093 read hashes from constraints in 0.4.6;
+#: verification became the default in 0.5.3); 0.5.3 and later refuse it.
+UV_CHECKS_CONSTRAINT_HASHES = "0.5.3"
 
 
 def write_index(index_dir: pathlib.Path) -> dict[str, str]:
@@ -113,23 +129,39 @@ def base_url(url: str) -> str:
     return url.rstrip("/") + "/"
 
 
-def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, *, cache: pathlib.Path | None = None) -> str:
+def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, *, cache: pathlib.Path | None = None,
+                    preferences: pathlib.Path | None = None) -> str:
     """`uv pip compile` of the overlay for the target, together with the
     MaxText environment (its overrides file as constraints) and the
     closure's torch: the pinned closure. A cached answer for the same inputs
-    is reused (see the module's docstring)."""
-    key, inputs = closure_key(index_dir, requirement, python, env)
+    is reused; a fresh one prefers the versions pinned in `preferences`, the
+    committed constraints.txt (see the module's docstring)."""
+    preferred = _preferred_pins(preferences, index_dir) if preferences is not None else {}
+    key, inputs = closure_key(index_dir, requirement, python, env, preferred)
     entry = (cache or sources.cache_root()) / "closures" / f"{key}.json"
     settings = options.settings()
-    cached = None if settings.refresh else _cached_closure(entry, key, settings.closure_max_age)
+    # Under the entry's lock: a concurrent build of the same closure waits, then reuses it.
+    with buildcache.locked(entry, who="constraints"):
+        return _resolve_closure(index_dir, requirement, python, env, entry, key, inputs, settings.refresh, settings.closure_max_age,
+                                preferred, preferences)
+
+
+def _resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, entry: pathlib.Path, key: str,
+                     inputs: dict[str, Any], refresh: bool, max_age: float, preferred: dict[str, str],
+                     preferences: pathlib.Path | None) -> str:
+    cached = None if refresh else _cached_closure(entry, key, max_age)
     if cached is not None:
         closure, age = cached
         step.note("constraints", f"closure unchanged: reusing the resolution of {key[:12]} (resolved {_age(age)} ago; "
                                  "MRL_REFRESH=1 resolves afresh)")
     else:
-        closure = _compile(index_dir, requirement, python, env)
-    pinned: dict[str, str] = {canonicalize_name(line.split("==", 1)[0]): line.split("==", 1)[1].split()[0]
-                              for line in closure.splitlines() if "==" in line and line[:1] not in " \t#"}
+        if preferred and preferences is not None:
+            step.note("constraints", f"preferring the {len(preferred)} versions pinned in {preferences.name} (uv keeps each one the inputs "
+                                     f"allow; delete {preferences.name} to resolve from scratch)")
+        closure = _compile(index_dir, requirement, python, env, preferred)
+        if preferred:
+            step.note("constraints", _preference_report(preferred, _pins(closure)))
+    pinned = _pins(closure)
     for name, want in (("torch", env.torch.version), ("torchvision", env.torch.torchvision)):
         if pinned.get(name) != want:
             raise OverlayError(f"the closure pins {name} {pinned.get(name, 'not at all')}, not {want}, the torch vLLM is built "
@@ -139,28 +171,63 @@ def resolve_closure(index_dir: pathlib.Path, requirement: str, python: str, env:
     return closure
 
 
-def _compile(index_dir: pathlib.Path, requirement: str, python: str, env: Environment) -> str:
+def _pins(text: str) -> dict[str, str]:
+    """{name: version} of the `name==version` lines of a requirements file."""
+    return {canonicalize_name(line.split("==", 1)[0]): line.split("==", 1)[1].split()[0].rstrip("\\")
+            for line in text.splitlines() if "==" in line and line[:1] not in " \t#-"}
+
+
+def _preferred_pins(path: pathlib.Path, index_dir: pathlib.Path) -> dict[str, str]:
+    """The versions a constraints file pins, but for the overlay's own
+    builds (the index under resolution has them, at their new versions)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    ours = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in index_dir.glob("*.whl")}
+    return {name: version for name, version in sorted(_pins(text).items()) if name not in ours}
+
+
+def _preference_report(preferred: dict[str, str], got: dict[str, str]) -> str:
+    moved = [f"{n} {v} -> {got[n]}" for n, v in preferred.items() if n in got and got[n] != v]
+    gone = [n for n in preferred if n not in got]
+    new = [f"{n} {v}" for n, v in got.items() if n not in preferred]
+    kept = len(preferred) - len(moved) - len(gone)
+    parts = [f"kept {kept} of the {len(preferred)} preferred versions"]
+    for label, items in (("moved", moved), ("new", new), ("no longer needed", gone)):
+        if items:
+            parts.append(f"{label}: {', '.join(items)}")
+    return "; ".join(parts)
+
+
+def _compile(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, preferred: dict[str, str]) -> str:
     with scratch_dir("mrl-resolve-") as tmp:
-        constraints = tmp / "constraints.txt"
+        # Named for what they hold: uv's annotations name them (`# via -c ...`).
+        constraints = tmp / "maxtext-and-torch-constraints.txt"
         constraints.write_text("".join(f"{line}\n" for line in (*env.constraints, *env.torch.requirements)))
+        # uv keeps the pins of an existing output file where the inputs allow: the preferences.
+        output = tmp / "closure.txt"
+        output.write_text("".join(f"{name}=={version}\n" for name, version in preferred.items()))
         cmd = [
-            "uv", "pip", "compile", "-", *COMPILE_FLAGS,
+            "uv", "pip", "compile", "-", *COMPILE_FLAGS, "--output-file", str(output),
             "--find-links", str(index_dir), "--python-version", TARGET_PYTHON,
             "--python-platform", TARGET_PLATFORM, "--python", python, "-c", str(constraints),
         ]
         for link in env.torch.find_links:
             cmd += ["--find-links", link]
         if env.overrides:
-            overrides = tmp / "overrides.txt"
+            overrides = tmp / STANDIN_OVERRIDES
             overrides.write_text("".join(f"{line}\n" for line in env.overrides))
             cmd += ["--override", str(overrides)]
         with step("constraints", f"resolving the closure of {requirement} for Python {TARGET_PYTHON} on {TARGET_PLATFORM}"):
-            done = proc.run(cmd, what="resolving the stack's closure", who="constraints", input=requirement + "\n",
-                            env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, tail=20)
-    return str(done.stdout)
+            proc.run(cmd, what="resolving the stack's closure", who="constraints", input=requirement + "\n",
+                     env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, tail=20)
+        # The annotations name the files by their names alone: no temporary path in the result.
+        return output.read_text().replace(f"{tmp}{os.sep}", "")
 
 
-def closure_key(index_dir: pathlib.Path, requirement: str, python: str, env: Environment) -> tuple[str, dict[str, Any]]:
+def closure_key(index_dir: pathlib.Path, requirement: str, python: str, env: Environment,
+                preferred: dict[str, str] | None = None) -> tuple[str, dict[str, Any]]:
     """(key, inputs): the sha256 of everything the resolution of
     `requirement` against `index_dir` is given, and those inputs as stored
     beside the answer (uv variables only as digests: they may hold secrets)."""
@@ -175,6 +242,7 @@ def closure_key(index_dir: pathlib.Path, requirement: str, python: str, env: Env
         "python_version": TARGET_PYTHON,
         "python_platform": TARGET_PLATFORM,
         "flags": list(COMPILE_FLAGS),
+        "preferences": dict(preferred or {}),
         "uv": buildcache.uv_identity(python),
     }
     return buildcache.key(inputs), inputs
@@ -222,9 +290,12 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Environment, location: str = "") -> str:
-    """constraints.txt: the index lines, then every pin; an overlay wheel's
-    line carries exactly its own sha256, whatever the resolver printed."""
+def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Environment, location: str = "",
+                     made_by: tuple[str, ...] = ()) -> str:
+    """constraints.txt: how it was made (`made_by`: the build command, its
+    sources, uv's version, the tool's digest), the index lines, then every
+    pin with uv's `# via` annotations; an overlay wheel's line carries exactly
+    its own sha256, whatever the resolver printed."""
     ours = {}
     for name, sha in overlay_wheels.items():
         dist, version, _, _ = parse_wheel_filename(name)
@@ -240,7 +311,9 @@ def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: s
     out = []
     for block in blocks:
         name = canonicalize_name(block.split("==", 1)[0].strip())
-        out.append(ours.pop(name, block))
+        if name in ours:
+            block = ours.pop(name) + "".join(line for line in block.splitlines(keepends=True) if line.lstrip().startswith("#"))
+        out.append(block)
     if ours:
         raise OverlayError(f"the resolved closure lacks overlay wheels {', '.join(sorted(ours))}: they would not be pinned.")
     install = f"uv pip install -c {location}constraints.txt"
@@ -250,8 +323,10 @@ def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: s
         *(f"# {note}" for note in notes),
         f"# Install with:  {install} maxtext-rl-overlay",
         f"#   with MaxText: {install}{override} \"maxtext-rl-overlay[{env.extra}]\"   ({env.maxtext})",
+        f"# Needs uv >= {UV_CHECKS_CONSTRAINT_HASHES}: an older uv installs without checking the --hash lines of a -c file.",
         f"# Resolved for Python {TARGET_PYTHON} on {TARGET_PLATFORM} (a TPU VM), with {env.maxtext}",
         f"# under its {env.constraints_origin.split(':', 1)[1]} ({env.constraints_origin.split(':', 1)[0]}).",
+        *(f"# {line}" for line in made_by),
         f"--find-links {find_links}",
         *(f"--find-links {link}" for link in env.torch.find_links),
     ]

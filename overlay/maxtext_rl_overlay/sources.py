@@ -19,7 +19,7 @@ import shutil
 import tarfile
 import zipfile
 
-from . import gittree, options
+from . import buildcache, gittree, options
 from .errors import OverlayError
 from .git import git, inside_package, tree_entries
 from .git import out as gitout
@@ -101,9 +101,10 @@ def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str)
     if pin.date and date != pin.date:
         raise OverlayError(f"{pin.distribution}: commit {pin.commit} is dated {date}, but {pin.pin_file} says {pin.date}; fix the pin.")
     target = _cached(cache, pin, tree)
-    if not (target / ".complete").exists():
-        with step(pin.distribution, f"checking out {pin.commit[:12]} from {origin}"):
-            _materialize(git_dir, pin, target)
+    with buildcache.locked(target, who=pin.distribution):
+        if not (target / ".complete").exists():
+            with step(pin.distribution, f"checking out {pin.commit[:12]} from {origin}"):
+                _materialize(git_dir, pin, target)
     # .complete holds the commit, then one line per file the repository lacked
     # (said when the tree was checked out).
     return Source(pin.distribution, target, tree, pin.commit, True, origin, None, date)
@@ -170,10 +171,12 @@ def _from_tree(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpin
             "stand-in, labelled as not built from the pin."
         )
     target = _cached(cache, pin, tree)
-    if not (target / ".complete").exists():
-        with staged_dir(target) as tmp:
-            shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
-            (tmp / ".complete").write_text("")
+    with buildcache.locked(target, who=pin.distribution):
+        if not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete one: nobody else is making it (the lock)
+            with staged_dir(target) as tmp:
+                shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
+                (tmp / ".complete").write_text("")
     if not from_pin:
         step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version or '?'}): wheels will be labelled unpinned")
     return Source(pin.distribution, target, tree, None, from_pin, origin, version)
@@ -211,6 +214,12 @@ def _from_network(pin: Pin, cache: pathlib.Path) -> Source:
     if shutil.which("git") is None:
         raise OverlayError(f"{pin.distribution}: no source given and git is not installed to fetch {pin.repository} at {pin.commit}. Pass {flag}.")
     mirror = _ensure(cache / "git") / f"{pin.distribution}.git"
+    with buildcache.locked(mirror, who=pin.distribution):
+        _fetch_pinned(pin, mirror, flag)
+    return _from_git(pin, mirror, cache, origin=pin.repository)
+
+
+def _fetch_pinned(pin: Pin, mirror: pathlib.Path, flag: str) -> None:
     if not mirror.exists():
         git("init", "-q", "--bare", str(mirror), who=pin.distribution)
     has = git("cat-file", "-e", f"{pin.commit}^{{commit}}", git_dir=mirror, check=False).returncode == 0
@@ -228,4 +237,3 @@ def _from_network(pin: Pin, cache: pathlib.Path) -> Source:
                 f"({reason[0]}). Pass {flag} with a local clone or mirror holding that commit, "
                 "or a source tree of it."
             )
-    return _from_git(pin, mirror, cache, origin=pin.repository)

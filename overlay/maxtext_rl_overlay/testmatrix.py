@@ -163,21 +163,41 @@ def readme_command(project_root: pathlib.Path, marker: str) -> list[str]:
     return shlex.split(block[1])
 
 
-def install_commands(command: list[str], constraints: pathlib.Path, venv_python: str) -> tuple[list[list[str]], str]:
-    """The README's `uv pip install -c constraints.txt ...` for this index and
-    venv, and a note on what was changed for a stand-in build: where the
-    index's torch is a stand-in (PyPI's build for MaxText's +cpu one), the
-    MaxText form needs the index's overrides file too."""
+#: The README marks the stand-in form of a cell's command `<!-- MARKER-standin -->`.
+STANDIN_SUFFIX = "-standin"
+
+
+def cell_command(project_root: pathlib.Path, marker: str, index: pathlib.Path) -> tuple[list[str], str]:
+    """The README command a cell installs with, for the index in `index`, and
+    a note: an index whose torch is a stand-in (PyPI's build for MaxText's
+    +cpu one: it holds the overrides file) takes the README's stand-in form
+    of the command where it shows one (`<!-- MARKER-standin -->`)."""
+    if (index / STANDIN_OVERRIDES).is_file():
+        try:
+            return readme_command(project_root, marker + STANDIN_SUFFIX), f"the README's stand-in form (<!-- {marker}{STANDIN_SUFFIX} -->)"
+        except OverlayError:
+            pass  # none: the plain form serves (no MaxText torch pin to override)
+    return readme_command(project_root, marker), ""
+
+
+def install_commands(command: list[str], constraints: pathlib.Path, venv_python: str) -> list[list[str]]:
+    """The README's `uv pip install -c constraints.txt [--override
+    .../torch-standin-overrides.txt] ...` for this index and venv: its files
+    are this index's, everything else is run as the README says."""
     if command[:3] != ["uv", "pip", "install"] or "-c" not in command:
         raise OverlayError(f"the README's matrix command must be `uv pip install -c constraints.txt ...`, not {' '.join(command)!r}.")
     cmd = ["uv", "pip", "install", "--quiet", "-p", venv_python, *command[3:]]
     cmd[cmd.index("-c") + 1] = str(constraints)
-    note = ""
-    overrides = constraints.parent / STANDIN_OVERRIDES
-    if overrides.is_file() and any("[" in arg for arg in command[3:]):
-        cmd += ["--override", str(overrides)]
-        note = f"the stand-in form: the index's torch is a stand-in, so MaxText's torch==X+cpu is replaced by --override {STANDIN_OVERRIDES}"
-    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest"]], note
+    if "--override" in cmd:
+        at = cmd.index("--override") + 1
+        if pathlib.PurePath(cmd[at]).name != STANDIN_OVERRIDES:
+            raise OverlayError(f"the README's matrix command overrides with {cmd[at]!r}; the index's file is {STANDIN_OVERRIDES}.")
+        cmd[at] = str(constraints.parent / STANDIN_OVERRIDES)
+    needs = (constraints.parent / STANDIN_OVERRIDES).is_file() and any("[" in arg for arg in command[3:])
+    if needs and "--override" not in cmd:
+        raise OverlayError(f"this index's torch is a stand-in: the README must show the MaxText command with --override {STANDIN_OVERRIDES} "
+                           f"(a <!-- ...{STANDIN_SUFFIX} --> block), as a user of this index needs it.")
+    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest"]]
 
 
 def _python(version: str) -> str:
@@ -207,6 +227,11 @@ def run(project_root: pathlib.Path, wheels: pathlib.Path, work: pathlib.Path, *,
     return results
 
 
+def junit_name(run_name: str) -> str:
+    """The JUnit XML of one run of a cell, in the cell's folder (the workflows upload them)."""
+    return f"junit{'-' + run_name if run_name else ''}.xml"
+
+
 def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path, cell: Cell, *, platform: str, quick: bool, keep: bool) -> list[CellResult]:
     start = time.monotonic()
     shutil.rmtree(work, ignore_errors=True)
@@ -218,9 +243,9 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
     vpy = str(venv / "bin" / "python")
     results = []
     try:
-        readme = readme_command(root, cell.install)
+        readme, note = cell_command(root, cell.install, constraints.parent)
         with step(cell.name, f"fresh venv (Python {cell.python}): {' '.join(readme)}"):
-            commands, note = install_commands(readme, constraints, vpy)
+            commands = install_commands(readme, constraints, vpy)
             if note:
                 step.note(cell.name, note)
             for cmd in [["uv", "venv", "--quiet", "-p", python, str(venv)], *commands]:
@@ -233,7 +258,7 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
         for run_name, run_env in cell.runs.items():
             label = f"{cell.name}/{run_name}" if run_name else cell.name
             result = CellResult(label, "yes" if verified.returncode == 0 else "NO")
-            junit = work / f"junit{'-' + run_name if run_name else ''}.xml"
+            junit = work / junit_name(run_name)
             began = time.monotonic()
             with step(label, "patched-behaviour suite (tests/fixes)" + (f" with {run_env}" if run_env else "")):
                 # Its output is the user's to read as it comes; its outcome is the JUnit report's.

@@ -13,6 +13,7 @@ import os
 import pathlib
 import shutil
 import tomllib
+import zipfile
 from importlib import resources
 from typing import Any
 
@@ -103,11 +104,21 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
     uv = shutil.which("uv")
     if uv is None:
         raise OverlayError("uv is not installed; install it (pip install uv) to build wheels.")
-    inputs = _wheel_inputs(tree, env, epoch, python, build_env) if cache is not None else None
-    if cache is not None and inputs is not None:
+    if cache is None:
+        return _build(uv, tree, out_dir, who=who, env=env, epoch=epoch, python=python, build_env=build_env)
+    inputs = _wheel_inputs(tree, env, epoch, python, build_env)
+    # Under the entry's lock: a concurrent build of the same wheel waits, then reuses it.
+    with buildcache.locked(cache / "wheels" / buildcache.key(inputs), who=who):
         kept = _kept_wheel(cache, inputs, out_dir, who)
         if kept is not None:
             return kept
+        dest = _build(uv, tree, out_dir, who=who, env=env, epoch=epoch, python=python, build_env=build_env)
+        _keep_wheel(cache, inputs, dest, who)
+    return dest
+
+
+def _build(uv: str, tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dict[str, str], epoch: str, python: str,
+           build_env: BuildEnv | None) -> pathlib.Path:
     # Compiled code records source paths (debug info, __FILE__, also of the
     # headers it includes): map the build's temporary folder and the build
     # environment's (torch's headers) away, so that the bytes depend on neither.
@@ -132,12 +143,28 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
         built = list(tmp.glob("*.whl"))
         if len(built) != 1:
             raise OverlayError(f"{who}: the build made {len(built)} wheels, expected one.")
+        check_licences(tree, built[0], who)
         out_dir.mkdir(parents=True, exist_ok=True)
         dest = out_dir / built[0].name
         shutil.move(built[0], dest)
-    if cache is not None and inputs is not None:
-        _keep_wheel(cache, inputs, dest, who)
     return dest
+
+
+#: The licence files a tree's top folder may hold that its wheels must carry
+#: (setuptools' default license-files globs; Apache-2.0 section 4 asks for the
+#: licence and any NOTICE file with every redistribution).
+LICENCE_GLOBS = ("LICEN[CS]E*", "COPYING*", "NOTICE*", "AUTHORS*")
+
+
+def check_licences(tree: pathlib.Path, wheel: pathlib.Path, who: str) -> None:
+    """Refuse a wheel that lacks a licence file of its tree, or has none at all."""
+    wanted = {p.name: p.read_bytes() for g in LICENCE_GLOBS for p in tree.glob(g) if p.is_file()}
+    with zipfile.ZipFile(wheel) as zf:
+        carried = {n.rsplit("/", 1)[-1]: zf.read(n) for n in zf.namelist() if n.split("/")[0].endswith(".dist-info") and "/licenses/" in n}
+    missing = sorted(name for name, data in wanted.items() if carried.get(name) != data)
+    if missing or not carried:
+        raise OverlayError(f"{who}: the wheel {wheel.name} does not carry the licence file(s) {', '.join(missing) or '(none at all)'} "
+                           f"of its source; its build must ship them (license-files) before the wheel can be published.")
 
 
 def _wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: str, build_env: BuildEnv | None) -> dict[str, Any]:
@@ -191,5 +218,5 @@ def _keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path
             shutil.copyfile(wheel, staged / wheel.name)
             record = {"key": key, "wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs}
             (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    except OSError as exc:  # a concurrent build kept it first, or the cache is full: the build itself stands
+    except OSError as exc:  # the cache is full or read-only: the build itself stands
         step.note(who, f"the wheel was not kept for reuse ({exc})")

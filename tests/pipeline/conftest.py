@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 import standins  # tests/standins.py: tests/ is on sys.path (pyproject's pythonpath)
-from support.pipeline import ALL, ROOT, build_standins
+from support.pipeline import ALL, ROOT, build_standins, fake_rust_toolchain
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +30,7 @@ def project(tmp_path) -> pathlib.Path:
     """A copy of this project that a test may change (pins, patches)."""
     dest = tmp_path / "project"
     dest.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, dest / name)
     for name in ("overlay", "patches"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
@@ -42,7 +42,9 @@ def project(tmp_path) -> pathlib.Path:
 @pytest.fixture(scope="session")
 def built(tmp_path_factory, standin, cache_dir):
     """One stand-in build of the real project, vLLM included, shared by the
-    read-only tests."""
-    out = tmp_path_factory.mktemp("built") / "dist"
-    proc = build_standins(ROOT, out, standin, cache_dir, only=ALL)
+    read-only tests. A Rust toolchain is on its PATH (a fake that logs its
+    calls to ../rust/calls.log): the build must give the wheel of a machine without one."""
+    top = tmp_path_factory.mktemp("built")
+    out = top / "dist"
+    proc = build_standins(ROOT, out, standin, cache_dir, only=ALL, env=fake_rust_toolchain(top / "rust"))
     return out, proc

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.parse
+import zipfile
 
 import pytest
 
@@ -61,6 +63,14 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
         assert f'href="{urllib.parse.quote(name)}#sha256={sha}"' in index
         assert f"--hash=sha256:{sha}" in constraints
     assert "NOT built from the pins" in constraints
+    # How it was made: the command (sources as PATH, then what was found
+    # there), uv, the tool; uv's annotations; the overlay's own local label.
+    assert re.search(r"\n# Made by: maxtext-rl-overlay build --source google-tunix=PATH --source tpu-inference=PATH --source vllm=PATH "
+                     r"--only google-tunix,tpu-inference,vllm --unpinned --torch-standin --out \.\.\./dist --constraints \.\.\./constraints\.txt\n"
+                     r"#   google-tunix: --source google_tunix-0\.1\.7\.tar\.gz, tree [0-9a-f]{40} \(NOT the pin\)\n", constraints), constraints[:3000]
+    assert re.search(r"\n#   with uv \d+\.\d+\.\d+.*, the tool's code sha256 [0-9a-f]{64}\n", constraints)
+    assert "\n# Needs uv >= 0.5.3: " in constraints and "\n    # via maxtext-rl-overlay\n" in constraints
+    assert re.search(rf"\nmaxtext-rl-overlay==0\.1\.0\+{PROJECT.local_label}\.[0-9a-f]{{12}} \\\n", constraints)
     assert "--find-links ./dist\n" in constraints
     assert "--find-links .\n" in (out / "constraints.txt").read_text()
     assert sorted(p.relative_to(out).as_posix() for p in (out / "simple").rglob("index.html")) == [
@@ -78,6 +88,49 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     assert "STAND-IN" in overrides and "\ntorch==2.11.0\ntorchvision==0.26.0\n" in overrides
     assert "[google-tunix] applying 0001-" in proc.stderr and "building the wheel" in proc.stderr
     assert "[vllm] UNPINNED source" in proc.stderr and "[vllm] empty series: nothing to apply" in proc.stderr
+
+
+def test_every_wheel_carries_its_licence_files(built, standin):
+    """Ours: the project's LICENSE; the upstreams': their trees' own; MaxText's
+    vLLM plugin (a folder of the release without a licence of its own): the
+    release's licence files."""
+    out, _ = built
+    licences = {}
+    for wheel in out.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as zf:
+            licences[wheel.name.split("-")[0]] = {n.rsplit("/", 1)[-1]: zf.read(n) for n in zf.namelist() if ".dist-info/licenses/" in n}
+    assert licences["maxtext_rl_overlay"] == {"LICENSE": (PROJECT.root / "LICENSE").read_bytes()}
+    assert sorted(licences["maxtext_vllm_adapter"]) == ["AUTHORS", "LICENSE", "LICENSE_HEADER"]
+    assert b"Apache License" in licences["maxtext_vllm_adapter"]["LICENSE"]
+    for name in ("google-tunix", "tpu-inference", "vllm"):
+        tree = unpack(standin[name], out.parent / f"tree-{name}")
+        own = {p.name: p.read_bytes() for p in tree.iterdir() if p.is_file() and p.name.upper().startswith(("LICEN", "NOTICE", "COPYING", "AUTHORS"))}
+        assert own and licences[name.replace("-", "_")] == own, name
+
+
+def test_vllm_is_built_without_rust_where_a_rust_toolchain_is_installed(built, cache_dir):
+    """The decision in patches/vllm/pin.toml (CARGO=false): setuptools-rust
+    skips vLLM's optional Rust extensions without running cargo, so a runner
+    with cargo builds the same wheel as one without."""
+    out, proc = built
+    calls = out.parent / "rust" / "calls.log"
+    ran = calls.read_text().splitlines() if calls.exists() else []
+    assert not [c for c in ran if c.startswith("cargo")], f"the build ran cargo: {ran}"
+    (wheel,) = out.glob("vllm-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        rust = [n for n in zf.namelist() if n.startswith(("vllm/_rust_", "vllm/vllm-rs"))]
+    assert not rust, rust
+
+
+def test_vllm_build_environment_holds_the_pinned_toolchain(built, cache_dir):
+    out, proc = built
+    assert "[vllm] build toolchain: " in proc.stderr and "pinned with hashes by vllm/build-requirements.txt" in proc.stderr
+    pinned = (PROJECT.pins["vllm"].directory / "build-requirements.txt").read_text()
+    (env,) = (cache_dir / "buildenv").iterdir()
+    installed = dict(p.name.removesuffix(".dist-info").rsplit("-", 1) for p in env.glob("lib/python*/site-packages/*.dist-info"))
+    installed = {name.lower().replace("_", "-"): version for name, version in installed.items()}
+    for name in ("cmake", "ninja", "setuptools-scm", "setuptools-rust", "jinja2", "setuptools", "wheel"):
+        assert f"\n{name}=={installed[name]} \\\n" in pinned, (name, installed.get(name))
 
 
 def test_install_with_constraints_then_verify(built, tmp_path):

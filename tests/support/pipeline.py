@@ -21,9 +21,10 @@ GIT_ENV = {
 }
 
 
-def run_tool(project: pathlib.Path, *args: str, cache: pathlib.Path, check: bool | None = None, **kw) -> subprocess.CompletedProcess:
-    """`python -m maxtext_rl_overlay ARGS` on `project`, as a user runs it."""
-    env = dict(os.environ, MRL_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never")
+def run_tool(project: pathlib.Path, *args: str, cache: pathlib.Path, check: bool | None = None, env: dict[str, str] | None = None,
+             **kw) -> subprocess.CompletedProcess:
+    """`python -m maxtext_rl_overlay ARGS` on `project`, as a user runs it (`env`: added to this one's)."""
+    env = dict(os.environ, MRL_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never", **(env or {}))
     proc = subprocess.run(
         [sys.executable, "-m", "maxtext_rl_overlay", *args, "--project", str(project)],
         capture_output=True, text=True, env=env, **kw,
@@ -33,11 +34,29 @@ def run_tool(project: pathlib.Path, *args: str, cache: pathlib.Path, check: bool
     return proc
 
 
-def build_standins(project, out, standin, cache, *extra, only="google-tunix,tpu-inference", check=True):
+def build_standins(project, out, standin, cache, *extra, only="google-tunix,tpu-inference", check=True, env=None):
     args = ["build", "--unpinned", "--torch-standin", "--only", only, "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
     for name in only.split(","):
         args += ["--source", f"{name}={standin[name]}"]
-    return run_tool(project, *args, *extra, cache=cache, check=check)
+    return run_tool(project, *args, *extra, cache=cache, check=check, env=env)
+
+
+#: A Rust toolchain that only says it was called: the build must not call it.
+FAKE_RUST = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$FAKE_RUST_LOG"
+[ "$1" = "-V" ] || [ "$1" = "-Vv" ] && { echo "rustc 1.90.0 (fake 2026-01-01)"; echo "host: x86_64-unknown-linux-gnu"; exit 0; }
+exit 1
+"""
+
+
+def fake_rust_toolchain(folder: pathlib.Path) -> dict[str, str]:
+    """cargo and rustc in `folder`, first on PATH; what they are run with
+    goes to folder/calls.log. Returns the variables to run with."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("cargo", "rustc"):
+        (folder / name).write_text(FAKE_RUST)
+        (folder / name).chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "FAKE_RUST_LOG": str(folder / "calls.log")}
 
 
 def unpack(sdist: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:

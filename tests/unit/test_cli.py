@@ -45,11 +45,11 @@ def test_version_and_every_subcommand_has_help():
 
     assert _cli("--version").stdout.strip() == f"maxtext-rl-overlay {__version__}"
     top = _cli("--help").stdout
-    for name in ("verify", "build", "lint", "rebase", "test-matrix"):
+    for name in ("verify", "build", "lint", "rebase", "test-matrix", "clean"):
         assert re.search(rf"(?m)^    {name}\s+\S", top), top
         sub = _cli(name, "--help").stdout
         assert "-v, --verbose" in sub and "exit status:" in sub
-        if name != "verify":  # verify acts on the installed stack, not a checkout
+        if name not in ("verify", "clean"):  # they act on the installed stack, the cache: not a checkout
             assert "--project DIR" in sub and "the maxtext-rl-overlay checkout" in sub
 
 

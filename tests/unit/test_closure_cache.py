@@ -27,7 +27,10 @@ FAKE_UV = """#!/bin/sh
 if [ "$1" = "--version" ]; then echo "uv 0.0.0 (fake)"; exit 0; fi
 cat > /dev/null
 echo compile >> "$FAKE_UV_LOG"
-cat "$FAKE_UV_CLOSURE"
+out=""; prev=""
+for a in "$@"; do [ "$prev" = "--output-file" ] && out="$a"; prev="$a"; done
+cp "$out" "$FAKE_UV_LOG.preferences"  # what it was given to prefer
+cat "$FAKE_UV_CLOSURE" > "$out"
 """
 
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shlex
 import subprocess
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from maxtext_rl_overlay import gittree, patchfile
 from maxtext_rl_overlay.errors import OverlayError
@@ -104,8 +106,9 @@ def test_constraints_pin_exactly_what_the_pins_and_revision_build():
         pin = PROJECT.pins[name]
         want = f"\n{name}=={pin.version}+{PROJECT.local_label} \\\n    --hash=sha256:"
         assert want in text, f"constraints.txt does not pin {name} as the pin builds it: run scripts/build-wheels.sh"
-    overlay_version = PROJECT.metadata["version"]
-    assert f"\nmaxtext-rl-overlay=={overlay_version} \\\n" in text
+    overlay_version = re.escape(f"{PROJECT.metadata['version']}+{PROJECT.local_label}.")
+    assert re.search(rf"\nmaxtext-rl-overlay=={overlay_version}[0-9a-f]{{12}} \\\n", text), "the overlay's wheel carries its local label"
+    assert "\n# Made by: maxtext-rl-overlay build " in text and "\n    # via " in text, "the header says how it was made; annotations kept"
     vllm = re.search(r"^vllm==(\S+) ", text, re.M)
     assert vllm and f"+{PROJECT.local_label}.unpinned." in vllm.group(1), "the vLLM line must be our build, labelled unpinned"
     assert "# NOT built from the pins: stand-in sources for vllm " in text, "vllm must be the only stand-in source, said so"
@@ -132,3 +135,46 @@ def test_every_matrix_cell_is_made_by_a_readme_install_command():
         assert command[:5] == ["uv", "pip", "install", "-c", "constraints.txt"], (cell.name, command)
     assert testmatrix.readme_command(ROOT, "install")[5:] == ["maxtext-rl-overlay"]
     assert testmatrix.readme_command(ROOT, "maxtext-install")[5:] == ["maxtext-rl-overlay[maxtext]"]
+
+
+def test_the_readme_shows_the_stand_in_form_the_committed_constraints_need(tmp_path):
+    """The committed constraints.txt is a stand-in build: its MaxText install
+    needs --override, and the README's marked stand-in block says so, the same
+    command as the file's own header; the matrix runs that block on such an
+    index and refuses the plain MaxText form there."""
+    from maxtext_rl_overlay import testmatrix
+
+    standin = testmatrix.readme_command(ROOT, "maxtext-install-standin")
+    assert standin == ["uv", "pip", "install", "-c", "constraints.txt", "--override", "./dist/torch-standin-overrides.txt", "maxtext-rl-overlay[maxtext]"]
+    header = (ROOT / "constraints.txt").read_text()
+    assert "#   with MaxText: uv pip install -c constraints.txt --override ./dist/torch-standin-overrides.txt \"maxtext-rl-overlay[maxtext]\"" in header
+    index = tmp_path / "index"
+    index.mkdir()
+    (index / "constraints.txt").write_text("")
+    (index / "torch-standin-overrides.txt").write_text("torch==2.11.0\n")
+    command, note = testmatrix.cell_command(ROOT, "maxtext-install", index)
+    assert command == standin and "stand-in form" in note
+    (cmd, _) = testmatrix.install_commands(command, index / "constraints.txt", "PY")
+    assert cmd[cmd.index("--override") + 1] == str(index / "torch-standin-overrides.txt")
+    with pytest.raises(OverlayError, match="must show the MaxText command with --override"):
+        testmatrix.install_commands(testmatrix.readme_command(ROOT, "maxtext-install"), index / "constraints.txt", "PY")
+    assert testmatrix.cell_command(ROOT, "install", index) == (testmatrix.readme_command(ROOT, "install"), "")
+    (index / "torch-standin-overrides.txt").unlink()  # a CPU-torch index: the plain form
+    assert testmatrix.cell_command(ROOT, "maxtext-install", index)[0] == testmatrix.readme_command(ROOT, "maxtext-install")
+
+
+def test_the_tpu_vm_install_can_be_copied_and_pasted():
+    """The README's first install block, from a bare TPU VM: a venv, a uv that
+    checks the constraints' hashes, the install, verify."""
+    from packaging.requirements import Requirement
+
+    from maxtext_rl_overlay.publish import UV_CHECKS_CONSTRAINT_HASHES
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Install (on a TPU VM, Python 3.12)", 1)[1].split("\n## ", 1)[0]
+    block = [line[4:] for line in section.split("\n\n")[2].splitlines()]
+    assert block[0] == "python3.12 -m venv ~/mrl-venv" and block[1] == ". ~/mrl-venv/bin/activate"
+    uv = Requirement(shlex.split(block[2])[-1])
+    assert block[2].startswith("python -m pip install ") and uv.name == "uv" and uv.specifier == SpecifierSet(f">={UV_CHECKS_CONSTRAINT_HASHES}")
+    assert block[3].startswith("uv pip install -c https://OWNER.github.io/maxtext-rl-overlay/vX.Y.Z/constraints.txt maxtext-rl-overlay")
+    assert block[4] == "maxtext-rl-overlay verify"

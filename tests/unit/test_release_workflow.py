@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from maxtext_rl_overlay import publish
-from unit.unit_support import fake_wheel
+from unit.unit_support import assert_uploads_every_junit, fake_wheel
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
@@ -221,3 +221,8 @@ def test_publish_refuses_an_incomplete_or_unpublishable_release(checkout, tmp_pa
     proc = _publish(checkout, dist, "v0.1.0", "s4")
     assert proc.returncode == 1 and "simple/index.html" in proc.stderr
     assert subprocess.run(["git", "rev-parse", "--verify", "-q", "refs/heads/gh-pages"], cwd=checkout.parent / "origin.git").returncode != 0
+
+
+def test_the_matrix_job_uploads_every_junit_report():
+    (name,) = _jobs_running("scripts/test-matrix.sh")
+    assert_uploads_every_junit(_doc()["jobs"][name], ROOT)

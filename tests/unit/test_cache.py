@@ -1,0 +1,88 @@
+"""The shared build cache: builds that share it wait for each other's
+entries instead of breaking them, `clean` empties it but never under a
+running build, and it is tagged as a cache (CACHEDIR.TAG)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from maxtext_rl_overlay import buildcache, buildenv
+from maxtext_rl_overlay.errors import OverlayError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+#: One builder: buildenv.prepare of one entry, with the slow venv making
+#: (uv, torch) replaced by a fake that takes its time filling the entry and
+#: checks, before finishing, that nobody removed what it wrote.
+BUILDER = textwrap.dedent("""
+    import json, pathlib, sys, time
+    from maxtext_rl_overlay import buildenv
+    from maxtext_rl_overlay.environment import Torch
+
+    cache, tree, log, toolchain = (pathlib.Path(a) for a in sys.argv[1:5])
+
+    def slow_make(who, root, python, requires, torch):
+        root.mkdir(parents=True)
+        (root / "filling").write_text("")
+        with log.open("a") as f:
+            f.write("make\\n")
+        time.sleep(2)
+        if not (root / "filling").is_file():
+            sys.exit("another builder removed the build environment this one was filling")
+        (root / ".complete").write_text(json.dumps({"version": torch.version, "cuda": ""}))
+
+    buildenv._make = slow_make
+    env = buildenv.prepare("vllm", tree, Torch("2.11.0", "2.11.0", "0.26.0", "0.26.0", (), False), sys.executable, cache, toolchain)
+    print(env.root.name)
+""")
+
+
+def test_two_builders_of_one_build_environment(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["torch == 2.11.0", "wheel"]\n')
+    # The pinned toolchain of those requirements (torch aside), as committed.
+    toolchain = tmp_path / "build-requirements.txt"
+    toolchain.write_text(f"{buildenv._INPUT}[\"wheel\"]\nwheel==0.45.1 \\\n    --hash=sha256:{'0' * 64}\n")
+    cache, log = tmp_path / "cache", tmp_path / "makes.log"
+    args = [sys.executable, "-c", BUILDER, str(cache), str(tree), str(log), str(toolchain)]
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while not log.exists():  # the first one is filling the entry
+        assert first.poll() is None, first.communicate()
+    second = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert second.returncode == 0, second.stderr
+    assert out == second.stdout, "both use the same entry"
+    assert log.read_text() == "make\n", "the second builder waited and reused the entry instead of making it again"
+    assert "waiting for another build to finish with the cache's buildenv/" in second.stderr
+    assert (cache / "buildenv" / out.strip() / ".complete").is_file()
+
+
+def test_clean_empties_the_cache_but_not_under_a_running_build(tmp_path):
+    cache = tmp_path / "cache"
+    with buildcache.using(cache):
+        for kind in ("sources", "wheels", "buildenv"):
+            (cache / kind / "entry").mkdir(parents=True)
+            (cache / kind / "entry" / "data").write_bytes(b"x" * 1000)
+        with pytest.raises(OverlayError, match="in use by a running build"):
+            buildcache.clean(cache)
+    assert (cache / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55\n")
+    done = _cli("clean", env=dict(os.environ, MRL_CACHE_DIR=str(cache)))
+    assert done.returncode == 0, done.stderr
+    assert "buildenv, sources, wheels" in done.stdout
+    assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG", "locks"]
+    # A build that starts while clean holds the cache is refused, not let in.
+    with buildcache._flock(cache / buildcache.LOCKS / buildcache._ROOT_LOCK, who="clean", what="the cache"):
+        with pytest.raises(OverlayError, match="being cleaned"), buildcache.using(cache):
+            pass
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", *args], capture_output=True, text=True, cwd=ROOT, env=env)
