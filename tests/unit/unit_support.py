@@ -72,7 +72,7 @@ def assert_uploads_every_junit(job: dict, root: pathlib.Path) -> None:
     assert upload["with"].get("if-no-files-found") == "error", "a matrix that wrote no report must not pass unseen"
     path = upload["with"]["path"]
     project = load_project(root)
-    matrix = load_matrix(project.config, where="pyproject.toml", quick=False)
+    matrix = load_matrix(project.options.matrix, where="pyproject.toml", quick=False)
     written = [f"build/test-matrix/cells/{cell.name}/{junit_name(run)}" for cell in matrix.cells for run in cell.runs]
     assert "build/test-matrix/cells/maxtext-0.2.4/junit-maxtext-shims.xml" in written
     missed = [w for w in written if not fnmatch.fnmatch(w, path)]
