@@ -135,6 +135,33 @@ def overlay():
     return overlay_sampler()
 
 
+@contextlib.contextmanager
+def sampler_bound(cmm, code):
+    """`code`'s sampler functions bound in the compilation manager's module,
+    where its _precompile_* methods look them up; the installed ones after."""
+    functions = {
+        "sample": code.sampling.sample,
+        "compute_and_gather_logprobs": code.sampling.compute_and_gather_logprobs,
+        "compute_and_gather_prompt_logprobs": code.sampling.compute_and_gather_prompt_logprobs,
+    }
+    saved = {name: getattr(cmm, name) for name in functions}
+    try:
+        for name, fn in functions.items():
+            setattr(cmm, name, fn)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(cmm, name, fn)
+
+
+def compilation_label(name: str, kwargs: dict) -> str:
+    """A compilation's label: its name without the worker prefix, and the
+    shapes it is made for (the keyword arguments that are not the
+    compilation manager's own)."""
+    shapes = {k: v for k, v in kwargs.items() if k not in ("call_kwargs", "warmup_handler", "aot", "compile_only")}
+    return f"{name.split(' ', 1)[1]}({', '.join(f'{k}={v}' for k, v in shapes.items())})"
+
+
 def precompile(code, mesh) -> dict[str, BaseException | None]:
     """Run the sampler precompilation as the engine does, with `code`'s
     sampler; return each compilation's outcome (None: lowered, compiled and
@@ -148,8 +175,7 @@ def precompile(code, mesh) -> dict[str, BaseException | None]:
         # The compilation manager's own call, then its own flush (the warmup
         # call, where a failure to lower surfaces for compile_only=False), so
         # that one failure does not hide the next compilation.
-        shapes = {k: v for k, v in kwargs.items() if k not in ("call_kwargs", "warmup_handler", "aot", "compile_only")}
-        label = f"{name.split(' ', 1)[1]}({', '.join(f'{k}={v}' for k, v in shapes.items())})"
+        label = compilation_label(name, kwargs)
         try:
             run_compilation(name, fn, *args, **kwargs)
             manager._flush_compilations()
@@ -159,27 +185,18 @@ def precompile(code, mesh) -> dict[str, BaseException | None]:
             manager._compile_futures.clear()
             outcomes[label] = e
 
-    functions = {
-        "sample": code.sampling.sample,
-        "compute_and_gather_logprobs": code.sampling.compute_and_gather_logprobs,
-        "compute_and_gather_prompt_logprobs": code.sampling.compute_and_gather_prompt_logprobs,
-    }
-    saved = {name: getattr(cmm, name) for name in functions}
     try:
-        for name, fn in functions.items():
-            setattr(cmm, name, fn)  # where _precompile_* look them up
-        manager._run_compilation = run_one
-        # TPUWorker.initialize_from_config, before the KV caches are allocated:
-        manager._precompile_sampling()
-        manager._precompile_gather_logprobs()
-        manager._flush_compilations()
-        # capture_model, for speculative decoding (inside jax.set_mesh there):
-        with jax.set_mesh(mesh):
-            manager._precompile_rejection_sampler()
+        with sampler_bound(cmm, code):
+            manager._run_compilation = run_one
+            # TPUWorker.initialize_from_config, before the KV caches are allocated:
+            manager._precompile_sampling()
+            manager._precompile_gather_logprobs()
             manager._flush_compilations()
+            # capture_model, for speculative decoding (inside jax.set_mesh there):
+            with jax.set_mesh(mesh):
+                manager._precompile_rejection_sampler()
+                manager._flush_compilations()
     finally:
-        for name, fn in saved.items():
-            setattr(cmm, name, fn)
         manager._finalize_compilation()
     return outcomes
 
@@ -285,30 +302,18 @@ def lowered_programs(code, mesh) -> dict[str, str]:
         call_kwargs = dict(call_kwargs or {})
         while isinstance(fn, functools.partial):  # as _run_compilation unwraps it
             args, call_kwargs, fn = fn.args + args, {**fn.keywords, **call_kwargs}, fn.func
-        shapes = {k: v for k, v in kwargs.items() if k not in ("warmup_handler", "aot", "compile_only")}
-        label = f"{name.split(' ', 1)[1]}({', '.join(f'{k}={v}' for k, v in shapes.items())})"
+        label = compilation_label(name, kwargs)
         if not hasattr(fn, "lower"):  # the rejection sampler, which the warm-up calls: traced as one program
             fn = jax.jit(fn)
         with jax.set_mesh(mesh):
             programs[label] = fn.lower(*args, **call_kwargs).as_text()
 
-    functions = {
-        "sample": code.sampling.sample,
-        "compute_and_gather_logprobs": code.sampling.compute_and_gather_logprobs,
-        "compute_and_gather_prompt_logprobs": code.sampling.compute_and_gather_prompt_logprobs,
-    }
-    saved = {name: getattr(cmm, name) for name in functions}
-    try:
-        for name, fn in functions.items():
-            setattr(cmm, name, fn)
+    with sampler_bound(cmm, code):
         manager._run_compilation = lower_one
         manager._precompile_sampling()
         manager._precompile_gather_logprobs()
         with jax.set_mesh(mesh):
             manager._precompile_rejection_sampler()
-    finally:
-        for name, fn in saved.items():
-            setattr(cmm, name, fn)
     return programs
 
 
