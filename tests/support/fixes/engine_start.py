@@ -63,6 +63,7 @@ import sys
 import time
 import traceback
 
+from support.fixes import unpatched
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
 simulate_v6e_8()  # before jax is imported, as tests/fixes/conftest.py does
@@ -97,19 +98,6 @@ def generates():
     ]
 
 
-def frames(error: BaseException) -> list[dict]:
-    """The frames of the traceback in installed packages and the unpatched copies."""
-    out = []
-    for f in traceback.extract_tb(error.__traceback__):
-        path = f.filename.replace(os.sep, "/")
-        if "/site-packages/" in path:
-            path = path.split("/site-packages/", 1)[1]
-        elif "unpatched-modules-" in path:
-            path = "unpatched:" + pathlib.Path(path).name
-        else:
-            continue
-        out.append({"file": path, "function": f.name, "line": (f.line or "").strip()})
-    return out
 
 
 def bind_upstream() -> list[str]:
@@ -282,7 +270,7 @@ def main() -> int:
             "type": f"{type(error).__module__}.{type(error).__qualname__}",
             "message": str(error)[:2000],
             "step": step[0],
-            "frames": frames(error),
+            "frames": unpatched.traceback_frames(error, "unpatched"),
         }
         traceback.print_exc()
     # Were MaxText's module-level shims active in the engine? Where maxtext is

@@ -74,6 +74,7 @@ import tempfile
 import time
 import traceback
 
+from support.fixes import unpatched
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
 simulate_v6e_8()  # before jax is imported
@@ -181,19 +182,6 @@ class Run:
         return Step()
 
 
-def frames(error: BaseException) -> list[dict]:
-    """The traceback's frames in installed packages (and upstream copies)."""
-    out = []
-    for f in traceback.extract_tb(error.__traceback__):
-        path = f.filename.replace(os.sep, "/")
-        if "/site-packages/" in path:
-            path = path.split("/site-packages/", 1)[1]
-        elif "upstream-modules-" in path or "unpatched-modules-" in path:
-            path = "upstream:" + pathlib.Path(path).name
-        else:
-            continue
-        out.append({"file": path, "function": f.name, "line": (f.line or "").strip()})
-    return out
 
 
 def make_inputs(work: pathlib.Path, config: str) -> dict:
@@ -424,7 +412,7 @@ def main() -> int:
         drive(run, args, work)
     except Exception as error:  # noqa: BLE001 - reported to the test
         run.result["stopped"] = {"type": f"{type(error).__module__}.{type(error).__qualname__}",
-                                 "message": str(error)[:3000], "frames": frames(error)}
+                                 "message": str(error)[:3000], "frames": unpatched.traceback_frames(error, "upstream")}
         traceback.print_exc()
     run.write()
     sys.stdout.flush()

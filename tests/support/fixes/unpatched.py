@@ -15,10 +15,12 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import pathlib
 import shutil
 import sys
 import tempfile
+import traceback
 import types
 
 from maxtext_rl_overlay import patchfile
@@ -170,9 +172,28 @@ def load_source(name: str, module: str, source: str) -> types.ModuleType:
 
 
 _KEEP: list[tempfile.TemporaryDirectory] = []
+#: The folder the upstream copies are written to (named by this prefix).
+_KEEP_PREFIX = "unpatched-modules-"
+
+
+def traceback_frames(error: BaseException, copies: str) -> list[dict]:
+    """The frames of `error`'s traceback in installed packages (by their path
+    inside site-packages) and in the upstream copies made here (as
+    `<copies>:<file name>`), for a result a test asserts on."""
+    out = []
+    for f in traceback.extract_tb(error.__traceback__):
+        path = f.filename.replace(os.sep, "/")
+        if "/site-packages/" in path:
+            path = path.split("/site-packages/", 1)[1]
+        elif _KEEP_PREFIX in path:
+            path = f"{copies}:" + pathlib.Path(path).name
+        else:
+            continue
+        out.append({"file": path, "function": f.name, "line": (f.line or "").strip()})
+    return out
 
 
 def _keep_dir() -> pathlib.Path:
     if not _KEEP:
-        _KEEP.append(tempfile.TemporaryDirectory(prefix="unpatched-modules-"))
+        _KEEP.append(tempfile.TemporaryDirectory(prefix=_KEEP_PREFIX))
     return pathlib.Path(_KEEP[0].name)
