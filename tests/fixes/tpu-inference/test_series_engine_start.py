@@ -49,7 +49,7 @@ import numpy as np
 import pytest
 
 from support import TESTS
-from support.fixes import maxtext_shims, pallas_interpret, tiny_llama
+from support.fixes import maxtext_models, maxtext_shims, pallas_interpret, tiny_llama
 from support.fixes.matrix import PLATFORM
 from support.fixes.meshes import WSC_ASSERT
 
@@ -84,13 +84,31 @@ def reference(checkpoint):
 
 
 @pytest.fixture(scope="module")
-def engines(checkpoint, tmp_path_factory):
+def maxtext_model(tmp_path_factory):
+    """MaxText's tiny qwen3 (support/fixes/maxtext_models.py): its checkpoint
+    folder for the engine, and MaxText's own greedy decoding of it."""
+    if not maxtext_models.AVAILABLE:
+        pytest.skip("needs MaxText 0.2.4 installed (the matrix's maxtext-0.2.4 cell): would have run MaxText's model "
+                    "(MaxTextForCausalLM, NEW_MODEL_DESIGN=1) in the engine and compared its tokens with MaxText's own forward")
+    if maxtext_shims.GLOBAL:
+        pytest.skip("the maxtext-shims run's engine is the plain run's: MaxText's vLLM plugin imports its shims into "
+                    "every engine process of the MaxText cell; the plain run compares MaxText's model in the engine "
+                    "with MaxText's own forward")
+    folder = tmp_path_factory.mktemp("tiny-maxtext")
+    model, mesh, config = maxtext_models.write_engine_checkpoint(folder)
+    reference = maxtext_models.reference_greedy(model, mesh, config, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
+    return folder, reference
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoint, tmp_path_factory, request):
     """(config, upstream) -> the engine's result; each engine runs once a module."""
     results: dict = {}
 
     def engine(config: str, upstream: bool) -> dict:
         if (config, upstream) not in results:
-            results[config, upstream] = start_engine(tmp_path_factory.mktemp(config), checkpoint, config, upstream)
+            model = request.getfixturevalue("maxtext_model")[0] if config == "maxtext" else checkpoint
+            results[config, upstream] = start_engine(tmp_path_factory.mktemp(config), model, config, upstream)
         return results[config, upstream]
 
     return engine
@@ -137,7 +155,8 @@ def describe(result) -> str:
 
 
 def check_reference(result, reference, record_property) -> float:
-    """The engine's greedy tokens are transformers'; returns the largest logprob difference."""
+    """The engine's greedy tokens are the reference's (transformers', or
+    MaxText's own forward); returns the largest logprob difference."""
     assert result.get("started"), describe(result)
     generated = result["generates"]["reference"]
     for ref, got in zip(reference, generated, strict=True):
@@ -145,7 +164,7 @@ def check_reference(result, reference, record_property) -> float:
         assert got["tokens"] == ref["tokens"], (ref["prompt"], got["tokens"], ref["tokens"])
     diff = max(abs(a - b) for ref, got in zip(reference, generated, strict=True) for a, b in zip(ref["logprobs"], got["logprobs"], strict=True))
     record_property("max_logprob_difference", f"{diff:.3g}")
-    assert diff <= LOGPROB_TOLERANCE, f"logprobs {diff} apart from transformers' (tolerance {LOGPROB_TOLERANCE})"
+    assert diff <= LOGPROB_TOLERANCE, f"logprobs {diff} apart from the reference's (tolerance {LOGPROB_TOLERANCE})"
     return diff
 
 
@@ -235,3 +254,40 @@ def test_the_rollout_batch_gives_the_same_tokens_in_two_engines(kernels, engines
     assert all(d[0] == d[1] for d in layouts), layouts
     kinds = {"decode-only" if d[0] == d[2] else "prefill-only" if d[0] == 0 else "mixed" for d in layouts}
     assert kinds == {"decode-only", "prefill-only", "mixed"}, layouts
+
+
+@pytest.mark.parametrize("kernels", [KERNELS])
+def test_maxtext_model_generates_maxtexts_own_tokens(kernels, engines, maxtext_model, record_property):
+    """MaxText's model in the engine as train_rl's maxtext_on_vllm runs it
+    (MaxTextForCausalLM, NEW_MODEL_DESIGN=1: the 7-axis Auto mesh), its
+    weights restored from MaxText's checkpoint by the adapter's own
+    load_weights: its greedy tokens are MaxText's own forward's of the same
+    weights, outside vLLM (training-mode `__call__`, dot-product attention,
+    the whole sequence each step), and each token's logprob agrees within
+    LOGPROB_TOLERANCE."""
+    _, reference = maxtext_model
+    result = engines("maxtext", False)
+    record_run(record_property, result)
+    assert set(result["mesh"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["shape"]["model"] == 8, result["mesh"]
+    assert not result.get("stopped"), describe(result)
+    check_reference(result, reference, record_property)
+    # MaxText installed: its vLLM plugin imports its Tunix adapter in the engine, shims and all.
+    assert result["maxtext_shims"], "MaxText's vLLM plugin imports its shims in every engine"
+
+
+@pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more): would have run "
+                    "MaxText's model in the pin's engine and checked that it gives the overlay's tokens and logprobs")
+@pytest.mark.parametrize("kernels", [KERNELS])
+def test_upstream_maxtext_model_gives_the_overlays_tokens(kernels, engines, maxtext_model, record_property):
+    """The 7-axis mesh is Auto at the pin too: there the series changes
+    nothing, and the pin's engine gives the overlay's tokens."""
+    overlay, upstream = engines("maxtext", False), engines("maxtext", True)
+    record_run(record_property, upstream)
+    assert not upstream.get("stopped"), describe(upstream)
+    worst = 0.0
+    for name in ("reference", "rollout_greedy"):
+        for x, y in zip(overlay["generates"][name], upstream["generates"][name], strict=True):
+            assert x["tokens"] == y["tokens"], (name, x["tokens"], y["tokens"])
+            worst = max(worst, float(np.max(np.abs(np.subtract(x["logprobs"], y["logprobs"])))))
+    record_property("max_logprob_difference", f"{worst:.3g}")
+    assert worst <= TWO_ENGINE_LOGPROB_TOLERANCE, worst

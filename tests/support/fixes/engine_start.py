@@ -10,7 +10,7 @@ does every generate its test checks), with tests/ on PYTHONPATH as pytest's
 
 It starts `vllm.LLM` in the engine process itself (no engine-core
 subprocess) on DIR, a Hugging Face checkpoint (support/fixes/tiny_llama.py
-writes a tiny Llama), loaded by the engine's real weight loader, with
+writes a tiny Llama; for `maxtext`, MaxText's, see below), loaded by the engine's real weight loader, with
 tensor parallelism over the 8 devices, float32, and the logprobs settings of
 MaxText's RL rollout (`max_logprobs=1`, `logprobs_mode="processed_logprobs"`).
 The configurations (CONFIGS):
@@ -22,6 +22,12 @@ The configurations (CONFIGS):
   the runner builds its 7-axis mesh with the `Mesh` constructor (Auto axes
   even at the pin). (Without either, the runner's `make_optimized_mesh`
   sorts the devices by `coords`, which CPU devices lack: not run here.)
+- `maxtext`: MaxText's own model in the engine, as train_rl's
+  `maxtext_on_vllm` runs it: `MaxTextForCausalLM` (MaxText's vLLM adapter,
+  `hf_overrides` architectures), `NEW_MODEL_DESIGN=1`, the tiny qwen3 of
+  support/fixes/maxtext_models.py, whose MaxText checkpoint in DIR the
+  adapter's own `load_weights` restores (`additional_config`'s
+  `maxtext_config.load_parameters_path`). Needs maxtext.
 
 If the engine starts, it generates (GENERATES, in order): the reference
 prompts greedily (compared with transformers by the test), then a batch as
@@ -71,10 +77,12 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this pr
 os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # no persistent JAX cache
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-#: Configuration name -> (environment, vLLM's additional_config).
-CONFIGS: dict[str, tuple[dict[str, str], dict]] = {
-    "device-indexes": ({}, {"sharding": {"sharding_strategy": {"device_indexes": list(range(DEVICES))}}}),
-    "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, {}),
+#: Configuration name -> (environment, vLLM's additional_config, hf_overrides).
+CONFIGS: dict[str, tuple[dict[str, str], dict, dict]] = {
+    "device-indexes": ({}, {"sharding": {"sharding_strategy": {"device_indexes": list(range(DEVICES))}}}, {}),
+    "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, {}, {}),
+    # MaxText's model (additional_config: maxtext_models.engine_additional_config).
+    "maxtext": ({"NEW_MODEL_DESIGN": "1"}, {}, {"architectures": ["MaxTextForCausalLM"]}),
 }
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
 SEED = 1234
@@ -132,7 +140,11 @@ def main() -> int:
     parser.add_argument("--config", choices=sorted(CONFIGS), required=True)
     parser.add_argument("--upstream", action="store_true")
     args = parser.parse_args()
-    env, additional_config = CONFIGS[args.config]
+    env, additional_config, hf_overrides = CONFIGS[args.config]
+    if args.config == "maxtext":
+        from support.fixes.maxtext_models import engine_additional_config
+
+        additional_config = engine_additional_config(args.checkpoint)
     os.environ.update(env)  # before tpu_inference is imported
     result: dict = {"upstream": args.upstream, "config": args.config, "platform": PLATFORM, "events": [],
                     "stand_ins": {}, "seconds": {}, "generates": {}, "distributions": []}
@@ -248,6 +260,7 @@ def main() -> int:
             max_logprobs=1,
             logprobs_mode="processed_logprobs",
             additional_config=additional_config,
+            hf_overrides=hf_overrides or None,
         )
         result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
         result["started"] = True
