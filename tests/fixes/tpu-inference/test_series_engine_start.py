@@ -7,7 +7,7 @@ by transformers as a safetensors checkpoint (support/fixes/tiny_llama.py) and
 loaded by the engine's own weight loader, tensor parallel over the 8
 devices, with the report's logprobs settings (`max_logprobs=1`,
 `logprobs_mode="processed_logprobs"`). Each process does every generate its
-tests check (an engine start costs 20-60 s here). Three engines run:
+tests check (an engine start costs 20-60 s here). The engines:
 
 - the reported configuration (`device-indexes`: Tunix's `device_indexes`,
   the runner's 2D ("data", "model") mesh), upstream: the engine dies where
@@ -30,6 +30,13 @@ tests check (an engine start costs 20-60 s here). Three engines run:
   rollout's batch (prompts of several lengths, greedy and sampled with the
   engine's seed) gives the same tokens as in the overlay's engine (and, in
   each engine, the greedy batch again gives the same tokens again).
+- `maxtext` (MaxText cell only): MaxText's own model in the engine, as
+  train_rl's `maxtext_on_vllm` runs it (`MaxTextForCausalLM`,
+  `NEW_MODEL_DESIGN=1`), a tiny qwen3 that MaxText initialises and writes as
+  its checkpoint (support/fixes/maxtext_models.py), restored by the
+  adapter's own `load_weights`: on the overlay its greedy tokens equal
+  MaxText's own forward of the same weights outside vLLM, logprobs within
+  LOGPROB_TOLERANCE; in the full matrix the pin's engine gives the same.
 
 On the CPU simulation the engine's TPU kernels (the attention) run in Pallas
 TPU interpret mode (support/fixes/pallas_interpret.py; the test ids say

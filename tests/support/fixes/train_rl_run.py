@@ -30,7 +30,7 @@ byte-level BPE tokenizer trained on the prompts (saved with `transformers`),
 a GSM8K-format dataset in local parquet files (`hf_train_files`,
 `hf_eval_files`), a tiny Qwen3 (MaxText's `qwen3-0.6b` with 2 layers, width
 128; its HF config.json beside the tokenizer for vLLM), randomly initialised
-by MaxText (no checkpoint), and a reward file (`reward_functions_path`)
+by MaxText (no checkpoint; its tied embedding scaled, `embedding_scale`), and a reward file (`reward_functions_path`)
 whose reward varies between the generations of a group, so that GRPO's
 advantages, hence the gradient, are not all zero for a random model.
 
@@ -74,7 +74,7 @@ import tempfile
 import time
 import traceback
 
-from support.fixes import unpatched
+from support.fixes import maxtext_models, unpatched
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
 simulate_v6e_8()  # before jax is imported
@@ -91,32 +91,31 @@ os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
 
 UPSTREAMS = ("tunix", "tpu_inference", "vllm")
 
-#: The tiny model's dimensions, in MaxText's words and in Hugging Face's.
-#: 8 heads and a vocabulary of 1024 split evenly over the 8 devices; heads
-#: of 128 as in the real models: tpu-inference pads smaller heads to 128,
-#: which Tunix's sync refuses for MaxText's attention-output kernel
-#: ("Padding/repetition only supported for attention weights").
-TINY = {"base_emb_dim": 128, "base_num_query_heads": 8, "base_num_kv_heads": 8, "head_dim": 128,
-        "base_mlp_dim": 256, "base_num_decoder_layers": 2, "vocab_size": 1024}
-HF_TINY = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128,
-           "intermediate_size": 256, "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 512,
-           "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+#: The tiny model's dimensions, in MaxText's words and in Hugging Face's
+#: (support/fixes/maxtext_models.py says why these).
+TINY = maxtext_models.ENGINE_DIMS
+HF_TINY = maxtext_models.ENGINE_HF_DIMS
 
 CONFIGS = {
     # MaxText's test's argv for each configuration, with the tiny model's
     # overrides (in the adapter's maxtext_config too).
     "maxtext_on_vllm": {
         # MaxText's test's model, qwen3-0.6b.
-        "model_name": "qwen3-0.6b",
-        "hf_config": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6,
-                      "rope_theta": 1000000.0, "tie_word_embeddings": True, "attention_bias": False, **HF_TINY},
+        "model_name": maxtext_models.ENGINE_MODEL_NAME,
+        "hf_config": maxtext_models.ENGINE_HF_CONFIG,
         "argv": [
             "run_name=tiny_rl_maxtext",
             "vllm_hf_overrides={architectures: ['MaxTextForCausalLM']}",
             "vllm_additional_config=" + json.dumps({"maxtext_config": {
-                "model_name": "qwen3-0.6b", "log_config": "false", "override_model_config": True, **TINY}}),
+                "model_name": maxtext_models.ENGINE_MODEL_NAME, "log_config": "false", "override_model_config": True, **TINY}}),
         ],
         "env": {"NEW_MODEL_DESIGN": "1"},
+        # Its logits are tied to the embedding: without the scaling (see
+        # maxtext_models.ENGINE_EMBEDDING_SCALE) the random model repeats
+        # its last token with near certainty, every generation of a group is
+        # the same, GRPO's advantages are zero and the step trains nothing
+        # but the weight decay (the engine's logprobs did not move).
+        "embedding_scale": maxtext_models.ENGINE_EMBEDDING_SCALE,
     },
     "vllm_native": {
         # Not MaxText's test's qwen3-0.6b: MaxText 0.2.4 cannot sync it into
@@ -371,12 +370,61 @@ def cpu_stand_ins(run: Run) -> None:
     tpu_utils.hbm_usage_bytes = hbm_usage_bytes
     STAND_INS.add("tpu_inference.utils.hbm_usage_bytes")
     run.result["stand_ins"].append(f"tpu_inference.utils.hbm_usage_bytes: live arrays against {HBM_STAND_IN >> 20} MiB a device")
-    if importlib.util.find_spec("support.fixes.pallas_interpret") is not None:
-        from support.fixes import pallas_interpret  # the TPU kernels in Pallas interpret mode
+    from support.fixes import pallas_interpret  # the TPU kernels in Pallas interpret mode
 
-        run.result["stand_ins"] += [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
-        STAND_INS.update(f"{m}.get_tpu_version" for m in pallas_interpret._TPU_VERSION_USERS)
-        STAND_INS.update(f"{m}.get_step_fn_compiler_options" for m in pallas_interpret._STEP_JITTERS)
+    run.result["stand_ins"] += [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
+    STAND_INS.update(f"{m}.get_tpu_version" for m in pallas_interpret._TPU_VERSION_USERS)
+    STAND_INS.update(f"{m}.get_step_fn_compiler_options" for m in pallas_interpret._STEP_JITTERS)
+
+
+#: Tunix's RLCluster.sync_weights, on a backend that is neither TPU nor GPU
+#: (so on the CPU simulation), syncs under
+#: `jax.transfer_guard_{host_to_device,device_to_host}("disallow_explicit")`
+#: (rl_cluster.py, since 94b00481), and the sync puts scalars on the devices
+#: (MaxText's unroll_qwen_scanned_weights' jnp.take with a Python int for
+#: maxtext_on_vllm, Tunix's transfer_state_with_mappings for vllm_native),
+#: which the guard refuses: no GRPO step would end on the CPU. On a TPU the
+#: same code enters no guard. TRANSFER_GUARD_LEVEL is the level this stand-in
+#: turns into TPU's branch (no guard), and only inside sync_weights.
+TRANSFER_GUARD_LEVEL = "disallow_explicit"
+TRANSFER_GUARD_STAND_IN = ("transfer-guard-as-on-tpu: RLCluster.sync_weights' CPU-only "
+                           f"jax.transfer_guard_*({TRANSFER_GUARD_LEVEL!r}) entered as on a TPU (no guard)")
+
+
+def sync_weights_as_on_tpu(sync_weights, entered: list[str]):
+    """`sync_weights` (the RLCluster's bound method) run as on a TPU: the
+    jax.transfer_guard_* context managers it enters at TRANSFER_GUARD_LEVEL
+    are no-ops for the call (each such call is appended to `entered`, so the
+    result shows the stand-in engaged). jax's functions are put back after
+    each call; nothing of the upstreams is replaced."""
+    import contextlib
+
+    import jax
+
+    if PLATFORM != "cpu":
+        return sync_weights
+    names = ("transfer_guard_host_to_device", "transfer_guard_device_to_host")
+
+    def as_on_tpu(name, original):
+        def guard(level):
+            if level == TRANSFER_GUARD_LEVEL:
+                entered.append(name)
+                return contextlib.nullcontext()
+            return original(level)
+
+        return guard
+
+    def call():
+        originals = {name: getattr(jax, name) for name in names}
+        for name, original in originals.items():
+            setattr(jax, name, as_on_tpu(name, original))
+        try:
+            return sync_weights()
+        finally:
+            for name, original in originals.items():
+                setattr(jax, name, original)
+
+    return call
 
 
 def prompt_logprobs(rollout) -> list[float]:
@@ -426,7 +474,7 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
         import jax
 
         original_lax = (jax.lax.with_sharding_constraint, jax.lax.top_k)
-        import jax.numpy as jnp
+        import numpy as np
         from flax import nnx
         from maxtext.configs import types
         from maxtext.trainers.post_train.rl import evaluate_rl, train_rl
@@ -454,6 +502,12 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
         with run.step("create_models_and_meshes"):
             reference_model, reference_mesh, actor_model, actor_mesh, rollout_mesh = model_creation_utils.create_models_and_meshes(
                 trainer_config, sampler_config, trainer_devices, sampler_devices, tokenizer_pad_id=model_tokenizer.pad_token_id)
+        scale = CONFIGS[args.config].get("embedding_scale")
+        if scale:  # both models: the reference stays the actor's initial state
+            for model in (reference_model, actor_model):
+                embedding = model.base.token_embedder.embedding
+                embedding.value = embedding.value * scale
+            run.result["embedding_scale"] = scale
         with run.step("create_rl_components"):  # starts vLLM and syncs the actor's weights into it
             rl_cluster, rl_trainer, _, reward_fns = train_rl.create_rl_components(
                 trainer_config, sampler_config, sampler_devices, actor_model, actor_mesh,
@@ -480,13 +534,20 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
             checks["metrics_before"] = list(evaluate())
         with run.step("probe_before"):
             checks["probe_before"] = prompt_logprobs(rollout)
-        actor_initial = nnx.to_pure_dict(nnx.state(actor_model.base, nnx.Param))
-        ref_initial = nnx.to_pure_dict(nnx.state(reference_model.base, nnx.Param))
+        # Host copies: the sync may hand these very buffers to the engine,
+        # which deletes them when the next sync replaces them (maxtext_on_vllm).
+        def host_params(model):
+            return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.base, nnx.Param)))
+
+        actor_initial, ref_initial = host_params(actor_model), host_params(reference_model)
         # Each GRPO step ends with RLCluster.sync_weights (the trained weights
         # into the rollout engine): its times, read on this one object (the
         # class is left as it is), give each step's seconds.
         grpo_steps: list[float] = run.result.setdefault("grpo_step_seconds", [])
-        sync_weights = rl_cluster.sync_weights
+        guards: list[str] = run.result.setdefault("transfer_guards_as_on_tpu", [])
+        sync_weights = sync_weights_as_on_tpu(rl_cluster.sync_weights, guards)
+        if PLATFORM == "cpu":
+            run.result["stand_ins"].append(TRANSFER_GUARD_STAND_IN)
 
         def timed_sync_weights():
             sync_weights()
@@ -499,9 +560,8 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
         def compare_parameters():
             # MaxText's test's checks; made even where training stops (after
             # the actor's update, in the weight sync), to show how far it got.
-            actor_final = nnx.to_pure_dict(nnx.state(actor_model.base, nnx.Param))
-            ref_final = nnx.to_pure_dict(nnx.state(reference_model.base, nnx.Param))
-            same = lambda a, b: bool(jax.tree_util.tree_all(jax.tree_util.tree_map(jnp.array_equal, a, b)))  # noqa: E731
+            actor_final, ref_final = host_params(actor_model), host_params(reference_model)
+            same = lambda a, b: bool(jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, a, b)))  # noqa: E731
             checks["reference_unchanged"] = same(ref_initial, ref_final)
             checks["actor_changed"] = not same(actor_initial, actor_final)
             checks["actor_differs_from_reference"] = not same(ref_final, actor_final)
