@@ -52,9 +52,11 @@ every installed file a patch touches is imported as upstream ships it
 (support/fixes/unpatched.py, `upstream_imports`).
 
 On the CPU simulation, stand-ins for what CPU devices lack (never on a TPU):
-the devices' memory statistics (as engine_start.py), and the TPU kernels in
-Pallas TPU interpret mode (support/fixes/pallas_interpret.py). Each is
-recorded in RESULT.json under "stand_ins".
+the devices' memory statistics (as engine_start.py), the TPU kernels in
+Pallas TPU interpret mode (support/fixes/pallas_interpret.py), and Tunix's
+weight sync entered as on a TPU, without the transfer guard it sets on other
+backends only (sync_weights_as_on_tpu). Each is recorded in RESULT.json
+under "stand_ins".
 
 RESULT.json: "steps" (each with its seconds, in order; the last one without
 "done" is where the run stopped), "stopped" (the exception, with the frames
