@@ -32,12 +32,9 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
-for _key, _value in (("TPU_ACCELERATOR_TYPE", "v6e-8"), ("TPU_NAME", "local"), ("TPU_WORKER_ID", "0")):
-    os.environ.setdefault(_key, _value)
+from support.fixes.matrix import simulate_v6e_8  # tests/ on PYTHONPATH (the scripts/bench-*.sh wrapper)
+
+simulate_v6e_8()  # the 8-device CPU simulation, before jax is imported
 
 import gc  # noqa: E402
 import logging  # noqa: E402
