@@ -175,6 +175,19 @@ def check_reference(result, reference, record_property) -> float:
     return diff
 
 
+def check_same_generations(a, b, names, record_property) -> None:
+    """Two engines' generates `names` gave the same tokens, each token's
+    logprob within TWO_ENGINE_LOGPROB_TOLERANCE (the largest difference in
+    the JUnit record)."""
+    worst = 0.0
+    for name in names:
+        for x, y in zip(a["generates"][name], b["generates"][name], strict=True):
+            assert x["tokens"] == y["tokens"], (name, x["tokens"], y["tokens"])
+            worst = max(worst, float(np.max(np.abs(np.subtract(x["logprobs"], y["logprobs"])))))
+    record_property("max_logprob_difference", f"{worst:.3g}")
+    assert worst <= TWO_ENGINE_LOGPROB_TOLERANCE, worst
+
+
 @pytest.mark.parametrize("kernels", [KERNELS])
 def test_unpatched_engine_start_dies_in_the_sampler_precompile(kernels, engines, record_property):
     result = engines("device-indexes", True)
@@ -239,16 +252,12 @@ def test_the_rollout_batch_gives_the_same_tokens_in_two_engines(kernels, engines
     overlay, upstream = engines("device-indexes", False), engines("new-model-design", True)
     record_stand_in(record_property, overlay)
     assert overlay.get("started") and upstream.get("started"), describe(overlay) + describe(upstream)
-    worst = 0.0
     for name in ("rollout_greedy", "rollout_sampled"):
         a, b = overlay["generates"][name], upstream["generates"][name]
         assert len(a) == len(b) == len(ROLLOUT_PROMPTS), (name, a, b)
-        for x, y in zip(a, b, strict=True):
+        for x in a:
             assert len(x["tokens"]) == ROLLOUT_TOKENS and len(x["logprobs"]) == ROLLOUT_TOKENS, (name, x)
-            assert x["tokens"] == y["tokens"], (name, x["tokens"], y["tokens"])
-            worst = max(worst, float(np.max(np.abs(np.subtract(x["logprobs"], y["logprobs"])))))
-    record_property("max_logprob_difference", f"{worst:.3g}")
-    assert worst <= TWO_ENGINE_LOGPROB_TOLERANCE, worst
+    check_same_generations(overlay, upstream, ("rollout_greedy", "rollout_sampled"), record_property)
     # Within one engine: the greedy batch again gives its tokens again.
     for result in (overlay, upstream):
         runs = result["generates"]
@@ -291,10 +300,4 @@ def test_upstream_maxtext_model_gives_the_overlays_tokens(kernels, engines, maxt
     overlay, upstream = engines("maxtext", False), engines("maxtext", True)
     record_run(record_property, upstream)
     assert not upstream.get("stopped"), describe(upstream)
-    worst = 0.0
-    for name in ("reference", "rollout_greedy"):
-        for x, y in zip(overlay["generates"][name], upstream["generates"][name], strict=True):
-            assert x["tokens"] == y["tokens"], (name, x["tokens"], y["tokens"])
-            worst = max(worst, float(np.max(np.abs(np.subtract(x["logprobs"], y["logprobs"])))))
-    record_property("max_logprob_difference", f"{worst:.3g}")
-    assert worst <= TWO_ENGINE_LOGPROB_TOLERANCE, worst
+    check_same_generations(overlay, upstream, ("reference", "rollout_greedy"), record_property)

@@ -68,8 +68,9 @@ import pathlib
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
-from support.fixes import unpatched
+from support.fixes import maxtext_models, unpatched
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
 simulate_v6e_8()  # before jax is imported, as tests/fixes/conftest.py does
@@ -77,12 +78,12 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this pr
 os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # no persistent JAX cache
 os.environ["HF_HUB_OFFLINE"] = "1"
 
-#: Configuration name -> (environment, vLLM's additional_config, hf_overrides).
-CONFIGS: dict[str, tuple[dict[str, str], dict, dict]] = {
-    "device-indexes": ({}, {"sharding": {"sharding_strategy": {"device_indexes": list(range(DEVICES))}}}, {}),
-    "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, {}, {}),
-    # MaxText's model (additional_config: maxtext_models.engine_additional_config).
-    "maxtext": ({"NEW_MODEL_DESIGN": "1"}, {}, {"architectures": ["MaxTextForCausalLM"]}),
+#: Configuration name -> (environment, vLLM's additional_config for the
+#: checkpoint folder, hf_overrides).
+CONFIGS: dict[str, tuple[dict[str, str], Callable[[pathlib.Path], dict], dict]] = {
+    "device-indexes": ({}, lambda _: {"sharding": {"sharding_strategy": {"device_indexes": list(range(DEVICES))}}}, {}),
+    "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, lambda _: {}, {}),
+    "maxtext": ({"NEW_MODEL_DESIGN": "1"}, maxtext_models.engine_additional_config, {"architectures": ["MaxTextForCausalLM"]}),
 }
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
 SEED = 1234
@@ -140,11 +141,8 @@ def main() -> int:
     parser.add_argument("--config", choices=sorted(CONFIGS), required=True)
     parser.add_argument("--upstream", action="store_true")
     args = parser.parse_args()
-    env, additional_config, hf_overrides = CONFIGS[args.config]
-    if args.config == "maxtext":
-        from support.fixes.maxtext_models import engine_additional_config
-
-        additional_config = engine_additional_config(args.checkpoint)
+    env, config_for, hf_overrides = CONFIGS[args.config]
+    additional_config = config_for(args.checkpoint)
     os.environ.update(env)  # before tpu_inference is imported
     result: dict = {"upstream": args.upstream, "config": args.config, "platform": PLATFORM, "events": [],
                     "stand_ins": {}, "seconds": {}, "generates": {}, "distributions": []}

@@ -27,15 +27,20 @@ import re
 
 AVAILABLE = importlib.util.find_spec("maxtext") is not None
 
+# MaxText's config for a model built here, outside a training run: one
+# process, no checkpointing, synthetic data, no goodput recording.
+_OFFLINE = dict(
+    per_device_batch_size=1, override_model_config=True, skip_jax_distributed_system=True,
+    enable_checkpointing=False, dataset_type="synthetic", enable_goodput_recording=False, monitor_goodput=False,
+)
+
 # Tiny dims: the structure (layer pattern, rng state, MoE) is what matters.
 # kv heads = the target's tensor parallelism, so no head is replicated and every
 # target weight is exactly a source slice.
 _TINY = dict(
     base_emb_dim=32, base_num_query_heads=4, base_num_kv_heads=4, head_dim=8, base_mlp_dim=64,
-    vocab_size=128, max_target_length=32, max_prefill_predict_length=16, per_device_batch_size=1,
-    override_model_config=True, skip_jax_distributed_system=True, enable_checkpointing=False,
-    dataset_type="synthetic", run_name="weight-sync", weight_dtype="float32", dtype="float32",
-    enable_goodput_recording=False, monitor_goodput=False,
+    vocab_size=128, max_target_length=32, max_prefill_predict_length=16, **_OFFLINE,
+    run_name="weight-sync", weight_dtype="float32", dtype="float32",
 )
 
 
@@ -234,11 +239,9 @@ def write_engine_checkpoint(path):
 
     config = pyconfig.initialize(
         ["", os.path.join(_configs_dir(), "base.yml")],
-        model_name=ENGINE_MODEL_NAME, override_model_config=True, **ENGINE_DIMS, **_ENGINE_PRECISION,
+        model_name=ENGINE_MODEL_NAME, **ENGINE_DIMS, **_ENGINE_PRECISION, **_OFFLINE,
         scan_layers=False, attention="dot_product", init_weights_seed=0, max_target_length=64,
-        max_prefill_predict_length=32, per_device_batch_size=1, skip_jax_distributed_system=True,
-        enable_checkpointing=False, dataset_type="synthetic", run_name="engine-reference",
-        enable_goodput_recording=False, monitor_goodput=False,
+        max_prefill_predict_length=32, run_name="engine-reference",
     )
     model, mesh = model_creation_utils.from_pretrained(config, devices=jax.devices())
     embedding = model.token_embedder.embedding
@@ -280,7 +283,7 @@ def reference_greedy(model, mesh, config, prompts: list[list[int]], max_tokens: 
                 tokens[0, : len(sequence)] = sequence
                 segments = (np.arange(length) < len(sequence)).astype(np.int32)[None]
                 lp = np.asarray(logprobs(state, tokens, segments))[0, len(sequence) - 1]
-                best, second = np.sort(lp)[-1], np.sort(lp)[-2]
+                second, best = np.sort(lp)[-2:]
                 token = int(np.argmax(lp))
                 sequence.append(token)
                 values.append(float(lp[token]))
