@@ -19,3 +19,16 @@ use_tool_venv() {
   [ -x "$root/.venv/bin/python" ] || { echo "no tool venv at $root/.venv: run scripts/setup.sh first" >&2; exit 2; }
   export PATH="$root/.venv/bin:$PATH" UV_PYTHON_DOWNLOADS=never
 }
+
+# The upstream sources the tests build from, as MRL_SOURCES lists them
+# ("NAME=PATH ..."): MRL_SOURCES itself when it is set (empty: none, so the
+# PyPI stand-ins), otherwise the git repositories of the pinned commits that
+# a checkout's ../shared/upstream holds (NAME.git), where it has them.
+upstream_sources() {
+  local root=$1 name list=""
+  if [ -n "${MRL_SOURCES+set}" ]; then echo "$MRL_SOURCES"; return 0; fi
+  for name in google-tunix tpu-inference vllm; do
+    [ -d "$root/../shared/upstream/$name.git" ] && list+="${list:+ }$name=$(cd "$root/../shared/upstream/$name.git" && pwd)"
+  done
+  echo "$list"
+}

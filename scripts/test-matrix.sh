@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The wheel test matrix. Usage: scripts/test-matrix.sh [--platform cpu|tpu] [--wheels DIR] [--quick]
 # Without --wheels it first builds them: the upstreams MRL_SOURCES names
-# ("NAME=PATH ..."; a clone or mirror holding the pin) from their pins, the rest
-# from the network (git) with the CPU torch of the PyTorch index; with
-# --standins, the rest from the PyPI releases in tests/standins.toml and torch
-# from PyPI, all labelled as stand-ins (CI has neither GitHub nor that index).
+# ("NAME=PATH ..."; a clone or mirror holding the pin; when it is unset, the
+# repositories in ../shared/upstream) from their pins, the rest from the
+# network (git) with the CPU torch of the PyTorch index; with --standins, the
+# rest from the PyPI releases in tests/standins.toml and torch from PyPI, all
+# labelled as stand-ins (CI has neither GitHub nor that index).
 # MRL_WORK sets the work folder (default build/test-matrix); MRL_KEEP=1 keeps the venvs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,10 +31,17 @@ work=${MRL_WORK:-$root/build/test-matrix}
 if [ -z "$wheels" ]; then
   wheels=$work/dist
   args=() named=""
-  for s in ${MRL_SOURCES:-}; do args+=(--source "$s"); named+=" ${s%%=*} "; done
+  . "$root/scripts/lib.sh"
+  for s in $(upstream_sources "$root"); do
+    args+=(--source "$s"); named+=" ${s%%=*} "
+    echo "scripts/test-matrix.sh: ${s%%=*} from its pinned commit in ${s#*=}" >&2
+  done
   if [ -n "$standins" ]; then
     while IFS== read -r name path; do
-      case "$named" in *" $name "*) ;; *) args+=(--source "$name=$path") ;; esac
+      case "$named" in
+        *" $name "*) ;;
+        *) args+=(--source "$name=$path"); echo "scripts/test-matrix.sh: $name from its PyPI STAND-IN $(basename "$path") (no source of its pin here)" >&2 ;;
+      esac
     done < <("$root/.venv/bin/python" "$root/tests/standins.py")
     args+=(--unpinned --torch-standin)
   fi

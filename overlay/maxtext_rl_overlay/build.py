@@ -110,6 +110,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by)
             publishing.begin()  # the last point where an interrupt leaves the previous build in place
         write_atomically(constraints_path, text)
+    for name, entry in entries.items():
+        step.note("build", _source_line(name, entry, project.pins[name], opts.sources.get(name)))
     for note in notes:
         step.note("build", note)
     step.note("build", f"index {out} ({len(sums)} wheels), constraints {constraints_path}")
@@ -150,6 +152,17 @@ def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.D
         lines.append(f"  {name}: {where}, {what}" + ("" if entry.from_pin else " (NOT the pin)"))
     lines.append(f"  with {buildcache.uv_identity(opts.python)['uv']}, the tool's code sha256 {buildcache.tool_digest()}")
     return tuple(lines)
+
+
+def _source_line(name: str, entry: manifest.Distribution, pin: Pin, given: str | None) -> str:
+    """Where one distribution's wheel came from, for the build output: the
+    pinned commit and the source that held it, or the stand-in in its place."""
+    got, origin = entry.source, given or f"{pin.repository} (fetched with git)"
+    if entry.from_pin:
+        what = f"commit {got.commit[:12]}" if got.commit else f"a tree of commit {pin.commit[:12]}"
+        return f"source of {name}: the pin, {what} (tree {got.tree[:12]}), from {origin}"
+    version = f", version {got.upstream_version}" if got.upstream_version else ""
+    return f"source of {name}: a STAND-IN, not the pin {pin.commit[:12]}: {origin} (tree {got.tree[:12]}{version})"
 
 
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:

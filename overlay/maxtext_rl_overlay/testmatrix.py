@@ -41,6 +41,9 @@ STAND_IN_PROPERTY = "stand-in"
 #: The JUnit dialect that keeps each test's properties (xunit2 drops record_property's).
 JUNIT_OPTIONS = ("-o", "junit_family=xunit1")
 _CELL_KEYS = {"name", "python", "install", "env", "runs"}
+#: The plugin that bounds each test of tests/fixes (a hang fails with its stack),
+#: pinned like the tool's own test extra.
+TIMEOUT_PLUGIN = "pytest-timeout==2.4.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +200,8 @@ def install_commands(command: list[str], constraints: pathlib.Path, venv_python:
     if needs and "--override" not in cmd:
         raise OverlayError(f"this index's torch is a stand-in: the README must show the MaxText command with --override {STANDIN_OVERRIDES} "
                            f"(a <!-- ...{STANDIN_SUFFIX} --> block), as a user of this index needs it.")
-    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest"]]
+    # pytest-timeout: the suite's bounds (pyproject's `timeout`, the tests' own marks) hold in the cells too.
+    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest", TIMEOUT_PLUGIN]]
 
 
 def _python(version: str) -> str:

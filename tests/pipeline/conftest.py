@@ -14,6 +14,17 @@ import pytest
 import standins  # tests/standins.py: tests/ is on sys.path (pyproject's pythonpath)
 from support.pipeline import ALL, ROOT, build_standins, fake_rust_toolchain
 
+#: A pipeline test's bound: it builds wheels (vLLM's compiles) and venvs, and
+#: the first one in a session makes the build environments (minutes, cold).
+BUILD_TIMEOUT = 1800
+
+
+def pytest_collection_modifyitems(items):
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if item.path.is_relative_to(here) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(BUILD_TIMEOUT))
+
 
 @pytest.fixture(scope="session")
 def standin() -> dict[str, pathlib.Path]:

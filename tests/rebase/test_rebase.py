@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 import pathlib
+import subprocess
 import tomllib
 
 import pytest
@@ -293,22 +294,61 @@ def test_find_base_bisects_first_parent_history(upstream, tmp_path):
 BACKPORT = "backport-984b29c49-Use-raw-Mesh-constructor-when-device_indexes-is-set.patch"
 BACKPORTED = "984b29c49369360daa2b498fc527d61b6ec18874"
 SOURCES = dict(s.split("=", 1) for s in os.environ.get("MRL_SOURCES", "").split())
+#: Upstream commits past the backported one that a source of the pins holds
+#: (../shared/upstream's tpu-inference.git tags them, as does a full mirror
+#: by these ids): its release v0.27.0 and its main of 2026-08-22.
+PAST_THE_BACKPORT = {"v0.27.0": "e1c03382a5b2d8e296648ead8e4199a324026890", "main-2026-08-22": "b8692ff01fa191343836996c27a39dc95f008b88"}
+NEEDS_TPU_INFERENCE = pytest.mark.skipif(
+    "tpu-inference" not in SOURCES,
+    reason="needs a tpu-inference git repository holding the pin and the upstream commits past it (MRL_SOURCES="
+    "'tpu-inference=PATH': a mirror, or ../shared/upstream/tpu-inference.git, which scripts/test.sh names when present): "
+    f"would have rebased the real pin onto v0.27.0 and main-2026-08-22, past upstream's {BACKPORTED[:9]}, and checked "
+    "that the backport drops, recorded as Applied-Upstream, while the local patches apply",
+)
+
+
+def where_the_backport_is(repo: pathlib.Path, new: str) -> str:
+    """Where the rebase records the backport as applied upstream: in
+    upstream's own commit where the repository holds the history between the
+    pins (a mirror), else in the new pin, which contains it (a repository
+    holding only the pinned commits, as ../shared/upstream's does)."""
+    has_history = subprocess.run(["git", "cat-file", "-e", f"{BACKPORTED}^{{commit}}"], cwd=repo, capture_output=True).returncode == 0
+    return BACKPORTED if has_history else new
 
 
 @pytest.mark.github
-@pytest.mark.skipif(
-    "tpu-inference" not in SOURCES,
-    reason="needs the tpu-inference git repository (MRL_SOURCES='tpu-inference=PATH'): would have rebased the real pin "
-    f"onto v0.27.0, past upstream's {BACKPORTED[:9]}, and checked that the backport drops, recorded as Applied-Upstream "
-    "in that very commit, while the local patches apply",
-)
+@NEEDS_TPU_INFERENCE
 def test_backport_drops_on_a_rebase_past_its_upstream_commit(tmp_path):
     repo = pathlib.Path(SOURCES["tpu-inference"])
     project = make_project(tmp_path / "project", {}, keep={"tpu-inference": ("backport-", "0001-")})
     proc = rebase(project, "tpu-inference", "v0.27.0", "--source", str(repo), "--no-tests")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert row(proc.stdout, "backport-") == f"dropped: already upstream  (Applied-Upstream: {BACKPORTED[:12]})", proc.stdout
+    where = where_the_backport_is(repo, PAST_THE_BACKPORT["v0.27.0"])
+    assert row(proc.stdout, "backport-") == f"dropped: already upstream  (Applied-Upstream: {where[:12]})", proc.stdout
     assert row(proc.stdout, "0001-") == "applied cleanly", proc.stdout
     series = (project / TPU / "series").read_text()
-    assert f"# Applied-Upstream: {BACKPORT} in {BACKPORTED} " in series, series
+    assert f"# Applied-Upstream: {BACKPORT} in {where} " in series, series
     assert not (project / TPU / BACKPORT).exists()
+    assert _pin(project)["commit"] == PAST_THE_BACKPORT["v0.27.0"]
+
+
+@pytest.mark.github
+@NEEDS_TPU_INFERENCE
+def test_the_whole_series_onto_upstreams_main(tmp_path):
+    """The real series, every patch, onto upstream's main of 2026-08-22 (170
+    commits past the pin): the backport drops as applied upstream, every
+    local patch applies (0003 needs git's 3-way merge there), and the pin
+    moves to that commit."""
+    repo = pathlib.Path(SOURCES["tpu-inference"])
+    new = PAST_THE_BACKPORT["main-2026-08-22"]
+    project = make_project(tmp_path / "project", {})
+    local = [n for n in (project / TPU / "series").read_text().split() if n.startswith("0")]
+    proc = rebase(project, "tpu-inference", new, "--source", str(repo), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    where = where_the_backport_is(repo, new)
+    assert row(proc.stdout, "backport-") == f"dropped: already upstream  (Applied-Upstream: {where[:12]})", proc.stdout
+    for name in local:
+        assert row(proc.stdout, name).startswith("applied"), proc.stdout
+        assert (project / TPU / name).is_file()
+    assert _pin(project)["commit"] == new
+    assert [n for n in (project / TPU / "series").read_text().split() if n.startswith("0")] == local

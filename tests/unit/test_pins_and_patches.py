@@ -163,6 +163,20 @@ def test_the_readme_shows_the_stand_in_form_the_committed_constraints_need(tmp_p
     assert testmatrix.cell_command(ROOT, "maxtext-install", index)[0] == testmatrix.readme_command(ROOT, "maxtext-install")
 
 
+def test_the_cells_bound_their_tests_with_the_tool_suites_plugin():
+    """The matrix's cells install the pytest-timeout the tool's test extra
+    pins, and pyproject bounds every test (a hang fails with its stack)."""
+    import tomllib
+
+    from maxtext_rl_overlay import testmatrix
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert testmatrix.TIMEOUT_PLUGIN in pyproject["project"]["optional-dependencies"]["test"]
+    (_, plugin) = testmatrix.install_commands(["uv", "pip", "install", "-c", "constraints.txt", "maxtext-rl-overlay"], ROOT / "c.txt", "PY")
+    assert plugin[-2:] == ["pytest", testmatrix.TIMEOUT_PLUGIN]
+    assert isinstance(pyproject["tool"]["pytest"]["ini_options"]["timeout"], int)
+
+
 def test_the_tpu_vm_install_can_be_copied_and_pasted():
     """The README's first install block, from a bare TPU VM: a venv, a uv that
     checks the constraints' hashes, the install, verify."""

@@ -56,7 +56,7 @@ import numpy as np
 import pytest
 
 from support import TESTS
-from support.fixes import maxtext_models, maxtext_shims, pallas_interpret, tiny_llama
+from support.fixes import engine_start, maxtext_models, maxtext_shims, pallas_interpret, tiny_llama
 from support.fixes.matrix import PLATFORM
 from support.fixes.meshes import WSC_ASSERT
 
@@ -75,6 +75,11 @@ SAMPLER_COMPILATIONS = [
 #: a different implementation of the same model (sharded matmuls, the
 #: attention kernel), so they agree to rounding, not bit for bit.
 LOGPROB_TOLERANCE = 1e-4
+#: One engine process's bound (start, every generate; 1-2 minutes on 2 cores):
+#: past it the test fails with the step the engine was in.
+ENGINE_TIMEOUT = 1200
+# A test may start two engines (the pin's and the overlay's) before it checks.
+pytestmark = pytest.mark.timeout(2 * ENGINE_TIMEOUT + 300)
 #: Two engines with the same seed, on the same weights: rounding only.
 TWO_ENGINE_LOGPROB_TOLERANCE = 1e-4
 KERNELS = pallas_interpret.kernels_id()
@@ -128,10 +133,17 @@ def start_engine(tmp_path, checkpoint, config, upstream) -> dict:
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, MRL_PLATFORM=PLATFORM, PYTHONPATH=path)
     args = ["--checkpoint", str(checkpoint), "--config", config] + (["--upstream"] if upstream else [])
-    proc = subprocess.run(
-        [sys.executable, "-m", "support.fixes.engine_start", str(out), *args],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=1200,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "support.fixes.engine_start", str(out), *args],
+            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=ENGINE_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired as error:
+        progress = engine_start.progress_file(out)
+        where = json.loads(progress.read_text()) if progress.is_file() else {"step": "its imports", "last_event": None}
+        log = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else (error.stderr or "")
+        pytest.fail(f"engine_start.py --config {config}{' --upstream' if upstream else ''} timed out after {ENGINE_TIMEOUT} s in step "
+                    f"{where['step']} (last event: {where['last_event']}):\n{log[-4000:]}")
     assert proc.returncode == 0 and out.is_file(), f"engine_start.py failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     result = json.loads(out.read_text())
     result["log"] = proc.stderr

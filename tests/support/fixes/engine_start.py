@@ -134,6 +134,11 @@ def bind_upstream() -> list[str]:
     return bound
 
 
+def progress_file(result: pathlib.Path) -> pathlib.Path:
+    """Where a run keeps the step it is in, beside its result."""
+    return result.with_name(result.stem + ".progress.json")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("result", type=pathlib.Path)
@@ -148,6 +153,14 @@ def main() -> int:
                     "stand_ins": {}, "seconds": {}, "generates": {}, "distributions": []}
     events = result["events"]
     step = ["engine"]
+    # Where the engine is, kept on disk as it goes: a run stopped at its
+    # timeout is reported with the step (and the compilation) it was in.
+    progress = progress_file(args.result)
+
+    def note_progress():
+        progress.write_text(json.dumps({"step": step[0], "last_event": events[-1] if events else None}))
+
+    note_progress()
 
     import jax
     import numpy as np
@@ -195,6 +208,7 @@ def main() -> int:
         def before(self, args, kwargs):
             step[0] = label
             events.append({"step": label, "event": "start"})
+            note_progress()
 
         return before
 
@@ -209,6 +223,7 @@ def main() -> int:
         shapes = {k: v for k, v in kwargs.items() if k not in ("call_kwargs", "warmup_handler", "aot", "compile_only")}
         name = args[0].split(" ", 1)[-1]
         events.append({"step": step[0], "event": "compile", "name": name, "shapes": {k: str(v) for k, v in shapes.items()}})
+        note_progress()
 
     class LowerSkipped(logging.Handler):
         # _run_compilation logs a failure to lower a compile_only=False
@@ -263,6 +278,7 @@ def main() -> int:
         result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
         result["started"] = True
         step[0] = "generate"
+        note_progress()
         for name, prompts, params in generates():
             began = time.monotonic()
             outputs = llm.generate(
