@@ -189,6 +189,13 @@ def _flock(path: pathlib.Path, *, who: str, what: str, shared: bool = False, wai
         os.close(fd)
 
 
+def flock(path: pathlib.Path, *, who: str, what: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the flock of the file `path` (made if absent) exclusively for
+    the block, waiting for another holder (said once in the output): how
+    two builds writing one destination take turns."""
+    return _flock(path, who=who, what=what)
+
+
 @contextlib.contextmanager
 def using(cache: pathlib.Path) -> Iterator[None]:
     """A build's hold on the cache: shared with other builds, not with
