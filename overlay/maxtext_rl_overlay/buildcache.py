@@ -35,6 +35,7 @@ import os
 import pathlib
 import shutil
 import sys
+import tempfile
 import tomllib
 from collections.abc import Iterator
 from importlib import resources
@@ -138,9 +139,11 @@ def _uv_config() -> dict[str, str]:
     candidates += [pathlib.Path(d) / "uv" / "uv.toml" for d in os.environ.get("XDG_CONFIG_DIRS", "").split(":") if d]
     if os.environ.get("UV_CONFIG_FILE"):
         candidates.append(pathlib.Path(os.environ["UV_CONFIG_FILE"]))
-    folder = pathlib.Path.cwd()
-    for d in (folder, *folder.parents):
-        candidates += [d / "uv.toml", d / "pyproject.toml"]
+    # uv reads the nearest project's settings above the folder it runs in:
+    # this one, or a temporary folder (the resolutions run there).
+    for folder in (pathlib.Path.cwd(), pathlib.Path(tempfile.gettempdir())):
+        for d in (folder, *folder.parents):
+            candidates += [d / "uv.toml", d / "pyproject.toml"]
     found = {}
     for path in candidates:
         try:

@@ -224,9 +224,11 @@ def _compile(index_dir: pathlib.Path, requirement: str, python: str, env: Enviro
             overrides = tmp / STANDIN_OVERRIDES
             overrides.write_text("".join(f"{line}\n" for line in env.overrides))
             cmd += ["--override", str(overrides)]
+        # Run in the folder that holds the inputs: uv's annotations name a file by its path relative to
+        # the current folder, so anywhere else (above it: /tmp) its folder's name would leak into the result.
         with step("constraints", f"resolving the closure of {requirement} for Python {TARGET_PYTHON} on {TARGET_PLATFORM}"):
             proc.run(cmd, what="resolving the stack's closure", who="constraints", input=requirement + "\n",
-                     env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, tail=20)
+                     env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, tail=20, cwd=tmp)
         # The annotations name the files by their names alone: no temporary path in the result.
         return output.read_text().replace(f"{tmp}{os.sep}", "")
 
