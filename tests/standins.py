@@ -10,12 +10,13 @@ import argparse
 import pathlib
 import tomllib
 
-from maxtext_rl_overlay import registry, sources
+from maxtext_rl_overlay import buildcache, registry, sources
 
 TABLE = pathlib.Path(__file__).with_name("standins.toml")
 
 
 def cache_dir() -> pathlib.Path:
+    buildcache.claim(sources.cache_root())  # the tool's cache: tagged before anything goes in
     return sources.cache_root() / "standins"
 
 

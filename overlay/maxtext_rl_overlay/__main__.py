@@ -203,8 +203,10 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     from . import buildcache, sources
 
     done = buildcache.clean(sources.cache_root())
-    what = ", ".join(done.removed) if done.removed else "nothing was kept"
+    what = "removed " + ", ".join(done.removed) if done.removed else "nothing was kept"
     print(f"clean: {done.cache}: {what}; {done.freed / 2**30:.1f} GiB freed")
+    if done.left:
+        print(f"clean: left {', '.join(done.left)}: not the tool's (remove by hand what you do not need)")
     return ExitCode.OK
 
 

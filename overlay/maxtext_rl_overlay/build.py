@@ -7,6 +7,7 @@ index and constraints.txt as they were."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -23,7 +24,7 @@ from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
-from .staging import scratch_dir, staged_dir, write_atomically
+from .staging import check_replaceable, check_writable, scratch_dir, staged_dir, staged_file
 
 
 @dataclasses.dataclass
@@ -61,10 +62,39 @@ def build(opts: BuildOptions) -> BuildResult:
     base = publish.base_url(opts.base_url) if opts.base_url else None
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
     cache = opts.cache or sources.cache_root()
-    with buildcache.using(cache):
-        return _build(project, chosen, opts, cache, base, out, constraints_path)
+    _check_destinations(project, out, constraints_path, cache)
+    # Two builds to one destination take turns, from staging to the last
+    # write, so that the index and constraints.txt are one build's. The
+    # locks come before the cache's: a build waiting here does not keep
+    # `clean` out.
+    with contextlib.ExitStack() as locks:
+        for path in sorted({out, constraints_path}):  # one order for every build: no deadlock
+            locks.enter_context(buildcache.flock(path.parent / f".{path.name}.lock", who="build", what=str(path)))
+        with buildcache.using(cache):
+            return _build(project, chosen, opts, cache, base, out, constraints_path)
+
+
+def _check_destinations(project: Project, out: pathlib.Path, constraints: pathlib.Path, cache: pathlib.Path) -> None:
+    """Refuse, before any work, a destination the build would destroy or
+    could not write: `--out` is replaced whole, so it must not be (or hold)
+    a folder the user needs, nor anything but an index the tool made;
+    `--constraints` is replaced too, and must not be inside `--out`."""
+    home = pathlib.Path.home()
+    kept = {"the project": project.root, "the current folder": pathlib.Path.cwd(), "$HOME": home, "the cache (MRL_CACHE_DIR)": cache}
+    for flag, path in (("--out", out), ("--constraints", constraints)):
+        for what, folder in kept.items():
+            folder = folder.resolve()
+            if folder.is_relative_to(path):
+                relation = f"is {what}" if folder == path else f"holds {what} ({folder})"
+                raise OverlayError(f"{flag} {path} {relation}, which the build would replace: name a folder of its own "
+                                   f"for the index (by default {project.root / 'dist'}) and a file for constraints.txt.")
+    if constraints.is_relative_to(out):
+        raise OverlayError(f"--constraints {constraints} is inside --out {out}, which the build replaces whole (its own "
+                           f"constraints.txt names the index as it is served); name a file outside it.")
+    check_replaceable(out, publish.INDEX_MARKER)
+    check_writable(out, folder=True)
+    check_writable(constraints)
 
 
 def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathlib.Path, base: str | None, out: pathlib.Path,
@@ -72,10 +102,12 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
     env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
     # Everything is made in a staging folder beside `out` and moved into place
     # at the end (0755: a web server may run as another user); constraints.txt
-    # is written only once the index is in place, and an interrupt waits
-    # from the start of that publication to its end (both or neither).
-    with interrupts.publication() as publishing:
-        with staged_dir(out, replace=True, mode=0o755) as staging:
+    # is written beside its place before that (a full disk fails it while the
+    # previous build is still whole) and moved into place only once the index
+    # is, and an interrupt waits from the start of that publication to its
+    # end (both or neither).
+    with interrupts.publication() as publishing, contextlib.ExitStack() as after_the_index:
+        with staged_dir(out, replace=publish.INDEX_MARKER, mode=0o755) as staging:
             entries: dict[str, manifest.Distribution] = {}
             for pin in chosen:
                 entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
@@ -108,8 +140,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or "",
                                                                               made_by=made_by))
             text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by)
+            after_the_index.enter_context(staged_file(constraints_path, text))
             publishing.begin()  # the last point where an interrupt leaves the previous build in place
-        write_atomically(constraints_path, text)
     for name, entry in entries.items():
         step.note("build", _source_line(name, entry, project.pins[name], opts.sources.get(name)))
     for note in notes:

@@ -15,7 +15,13 @@ one build makes an entry while the others wait for it, and none removes an
 entry another is filling. A build holds the cache's own lock shared for its
 whole run, and `clean` takes it exclusively, so the cache is never emptied
 under a running build. The cache's root carries a CACHEDIR.TAG, so backup
-and archiving tools skip it."""
+and archiving tools skip it.
+
+The folder MRL_CACHE_DIR names may be anything (a typo, ~/.cache, $HOME),
+so the tag is also what makes it the tool's: a build starts a cache only in
+an absent or empty folder (or one already tagged), and `clean` acts only on
+a folder carrying the tool's own tag, removing only the KINDS the tool
+keeps there and naming anything else it finds."""
 
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ import os
 import pathlib
 import shutil
 import sys
+import tempfile
 import tomllib
 from collections.abc import Iterator
 from importlib import resources
@@ -37,7 +44,7 @@ from typing import Any
 from . import proc
 from .errors import OverlayError
 from .progress import step
-from .staging import write_atomically
+from .staging import cannot_write, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
 CACHEDIR_TAG = "CACHEDIR.TAG"
@@ -51,6 +58,18 @@ _TAG_TEXT = (
 #: every build, exclusively by `clean`) is the one at its top.
 LOCKS = "locks"
 _ROOT_LOCK = "cache.lock"
+#: The folders the tool keeps in the cache (`<cache>/<kind>/<entry>`), and
+#: who makes them: all that `clean` removes.
+KINDS = {
+    "sources": "checked-out source trees (sources.py)",
+    "git": "git mirrors of the upstreams (sources.py, rebase)",
+    "patched": "patched trees (patching.py)",
+    "wheels": "built wheels (wheels.py)",
+    "buildenv": "build environments (buildenv.py)",
+    "closures": "resolutions of the closure (publish.py)",
+    "releases": "MaxText release wheels (environment.py)",
+    "standins": "the stand-in sdists of the tests (tests/standins.py)",
+}
 
 
 def key(inputs: dict[str, Any]) -> str:
@@ -120,9 +139,11 @@ def _uv_config() -> dict[str, str]:
     candidates += [pathlib.Path(d) / "uv" / "uv.toml" for d in os.environ.get("XDG_CONFIG_DIRS", "").split(":") if d]
     if os.environ.get("UV_CONFIG_FILE"):
         candidates.append(pathlib.Path(os.environ["UV_CONFIG_FILE"]))
-    folder = pathlib.Path.cwd()
-    for d in (folder, *folder.parents):
-        candidates += [d / "uv.toml", d / "pyproject.toml"]
+    # uv reads the nearest project's settings above the folder it runs in:
+    # this one, or a temporary folder (the resolutions run there).
+    for folder in (pathlib.Path.cwd(), pathlib.Path(tempfile.gettempdir())):
+        for d in (folder, *folder.parents):
+            candidates += [d / "uv.toml", d / "pyproject.toml"]
     found = {}
     for path in candidates:
         try:
@@ -189,13 +210,52 @@ def _flock(path: pathlib.Path, *, who: str, what: str, shared: bool = False, wai
         os.close(fd)
 
 
+def flock(path: pathlib.Path, *, who: str, what: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the flock of the file `path` (made if absent) exclusively for
+    the block, waiting for another holder (said once in the output): how
+    two builds writing one destination take turns."""
+    return _flock(path, who=who, what=what)
+
+
+def _own_tag(cache: pathlib.Path) -> bool:
+    try:
+        return (cache / CACHEDIR_TAG).read_text() == _TAG_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def claim(cache: pathlib.Path) -> None:
+    """Make `cache` the tool's cache, or check that it is: tagged with the
+    tool's CACHEDIR.TAG, or absent or empty (then tagged now). A folder
+    holding anything else is refused: it is not the tool's to fill (and the
+    tag would hide it from backups), nor to empty with `clean`."""
+    with cannot_write(cache):
+        cache.mkdir(parents=True, exist_ok=True)
+        if _own_tag(cache):
+            return
+        # Another build tagging it this moment leaves only its tag's temporary file.
+        found = sorted(p.name for p in cache.iterdir() if not p.name.startswith(CACHEDIR_TAG + "."))
+        if found and found != [CACHEDIR_TAG]:
+            raise OverlayError(
+                f"the cache folder {cache} (MRL_CACHE_DIR) holds {_some(found)} and no {CACHEDIR_TAG} of maxtext-rl-overlay: "
+                "it is not a cache this tool made, and the build does not start one there. Set MRL_CACHE_DIR to an absent "
+                "or empty folder (or unset it for the default)."
+            )
+        if found:  # a tag, but not the tool's text: another program's cache
+            raise OverlayError(f"the cache folder {cache} (MRL_CACHE_DIR) carries a {CACHEDIR_TAG} that is not maxtext-rl-overlay's: "
+                               "set MRL_CACHE_DIR to an absent or empty folder (or unset it for the default).")
+        write_atomically(cache / CACHEDIR_TAG, _TAG_TEXT)
+
+
+def _some(names: list[str], most: int = 5) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 @contextlib.contextmanager
 def using(cache: pathlib.Path) -> Iterator[None]:
     """A build's hold on the cache: shared with other builds, not with
-    `clean`. It also tags the folder as a cache."""
-    cache.mkdir(parents=True, exist_ok=True)
-    if not (cache / CACHEDIR_TAG).is_file():
-        write_atomically(cache / CACHEDIR_TAG, _TAG_TEXT)
+    `clean`. The folder is claimed first (see claim)."""
+    claim(cache)
     try:
         hold = _flock(cache / LOCKS / _ROOT_LOCK, who="cache", what="the cache", shared=True, wait=False)
         hold.__enter__()
@@ -210,32 +270,39 @@ def using(cache: pathlib.Path) -> Iterator[None]:
 @dataclasses.dataclass(frozen=True)
 class Cleaned:
     cache: pathlib.Path
-    removed: tuple[str, ...]  # the folders and files removed from the cache's root
+    removed: tuple[str, ...]  # the folders removed from the cache's root: KINDS
     freed: int  # bytes
+    left: tuple[str, ...] = ()  # what else the cache's root holds, not the tool's: left as it is
 
 
 def clean(cache: pathlib.Path) -> Cleaned:
-    """Remove everything kept in `cache` (source trees, patched trees, wheels,
-    build environments, resolutions, releases, git mirrors), keeping its tag
-    and its locks (no build holds one: they are taken only under the cache's
-    own lock). Refused while a build is using the cache: it may be reading any entry."""
-    if not cache.is_dir():
+    """Remove everything the tool keeps in `cache` (the KINDS), keeping its
+    tag and its locks (no build holds one: they are taken only under the
+    cache's own lock) and whatever else is there (named in `left`). Refused
+    for a folder without the tool's own tag, and while a build is using the
+    cache: it may be reading any entry."""
+    if not cache.is_dir() or not any(cache.iterdir()):
         return Cleaned(cache, (), 0)
-    removed, freed = [], 0
+    if not _own_tag(cache):
+        raise OverlayError(
+            f"{cache} (MRL_CACHE_DIR) does not carry maxtext-rl-overlay's {CACHEDIR_TAG}: it is not a cache this tool made, "
+            "so clean removes nothing from it. Check MRL_CACHE_DIR."
+        )
+    removed, left, freed = [], [], 0
     try:
         with _flock(cache / LOCKS / _ROOT_LOCK, who="cache", what="the cache", wait=False):
             for item in sorted(cache.iterdir()):
                 if item.name in (CACHEDIR_TAG, LOCKS):
                     continue
+                if item.name not in KINDS or item.is_symlink() or not item.is_dir():
+                    left.append(item.name)
+                    continue
                 freed += _size(item)
-                if item.is_dir() and not item.is_symlink():
-                    shutil.rmtree(item)
-                else:
-                    item.unlink()
+                shutil.rmtree(item)
                 removed.append(item.name)
     except BlockingIOError:
         raise OverlayError(f"the cache {cache} is in use by a running build; clean it once the build has finished.") from None
-    return Cleaned(cache, tuple(removed), freed)
+    return Cleaned(cache, tuple(removed), freed, tuple(left))
 
 
 def _size(path: pathlib.Path) -> int:

@@ -55,6 +55,10 @@ from .staging import scratch_dir, write_atomically
 
 #: In the index of a stand-in-torch build: what the MaxText form of the install needs.
 STANDIN_OVERRIDES = "torch-standin-overrides.txt"
+#: In every index the tool makes: what says that a build may replace the folder (and nothing else it finds).
+INDEX_MARKER = ".maxtext-rl-overlay-index"
+_MARKER_TEXT = ("This folder is an index made by `maxtext-rl-overlay build`; the next build to it replaces it whole.\n"
+                "Keep nothing else here. A build refuses to replace a non-empty folder without this file.\n")
 
 #: The resolver's flags (besides the inputs' files), part of the cache key.
 #: Its annotations (`# via ...`: why each package is in the closure) are kept.
@@ -70,8 +74,9 @@ UV_CHECKS_CONSTRAINT_HASHES = "0.5.3"
 
 
 def write_index(index_dir: pathlib.Path) -> dict[str, str]:
-    """index.html and SHA256SUMS over the wheels in `index_dir`; returns
-    {wheel file name: sha256}."""
+    """index.html and SHA256SUMS over the wheels in `index_dir`, and the
+    INDEX_MARKER; returns {wheel file name: sha256}."""
+    (index_dir / INDEX_MARKER).write_text(_MARKER_TEXT)
     sums = {w.name: sha256_file(w) for w in sorted(index_dir.glob("*.whl"))}
     links = "\n".join(f'    <a href="{_href(n)}#sha256={s}">{html.escape(n)}</a><br>' for n, s in sums.items())
     (index_dir / "index.html").write_text(
@@ -219,9 +224,11 @@ def _compile(index_dir: pathlib.Path, requirement: str, python: str, env: Enviro
             overrides = tmp / STANDIN_OVERRIDES
             overrides.write_text("".join(f"{line}\n" for line in env.overrides))
             cmd += ["--override", str(overrides)]
+        # Run in the folder that holds the inputs: uv's annotations name a file by its path relative to
+        # the current folder, so anywhere else (above it: /tmp) its folder's name would leak into the result.
         with step("constraints", f"resolving the closure of {requirement} for Python {TARGET_PYTHON} on {TARGET_PLATFORM}"):
             proc.run(cmd, what="resolving the stack's closure", who="constraints", input=requirement + "\n",
-                     env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, tail=20)
+                     env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, tail=20, cwd=tmp)
         # The annotations name the files by their names alone: no temporary path in the result.
         return output.read_text().replace(f"{tmp}{os.sep}", "")
 

@@ -8,13 +8,19 @@ not cut a move or a removal short (interrupts.held): it is raised after.
 
 Removing a folder never raises: the exception on its way out (an interrupt
 above all) stays the one the user sees, and a folder that could not be
-removed is named in a warning."""
+removed is named in a warning.
+
+A destination the user named (the index, constraints.txt) is replaced only
+when it is absent, empty or marked as the tool's own, and a failure to write
+one is an OverlayError naming it ("cannot write X: reason"), never a bug."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pathlib
+import secrets
 import shutil
 import sys
 import tempfile
@@ -22,29 +28,39 @@ import time
 from collections.abc import Iterator
 
 from . import interrupts
+from .errors import OverlayError
+
+#: What a staging folder's name adds to its destination's.
+PARTIAL = ".partial-"
 
 
 @contextlib.contextmanager
-def staged_dir(dest: pathlib.Path, *, replace: bool = False, mode: int | None = None) -> Iterator[pathlib.Path]:
+def staged_dir(dest: pathlib.Path, *, replace: str | None = None, mode: int | None = None) -> Iterator[pathlib.Path]:
     """Yield an empty folder beside `dest`; move it to `dest` when the block
     ends without an exception, remove it when one escapes.
 
     Without `replace`, `dest` must not exist by then (a cache entry a
     concurrent run made first is an error of that run's caller to avoid).
-    With `replace`, an existing `dest` is swapped out so that a reader sees
-    the old or the new folder, never a mix, and then removed."""
+    With `replace` (the name of the marker file the caller writes into every
+    folder it makes), an existing `dest` that is empty or carries that marker
+    is swapped out so that a reader sees the old or the new folder, never a
+    mix, and then removed; any other is refused and left as it was (see
+    check_replaceable), and a failure to put the folder in place is an
+    OverlayError naming `dest`."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{dest.name}.partial-", dir=dest.parent))
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{dest.name}{PARTIAL}", dir=dest.parent))
     if mode is not None:
         tmp.chmod(mode)  # mkdtemp makes it 0700
     try:
         yield tmp
         interrupts.check()
         with interrupts.held():
-            if replace:
-                replace_dir(tmp, dest)
-            else:
+            if replace is None:
                 os.replace(tmp, dest)
+            else:
+                check_replaceable(dest, replace)  # again: it may have changed during the block
+                with cannot_write(dest):
+                    replace_dir(tmp, dest)
     except BaseException:
         remove_tree(tmp)
         raise
@@ -60,6 +76,58 @@ def replace_dir(new: pathlib.Path, dest: pathlib.Path) -> None:
         os.replace(new, dest)
     if old is not None:
         remove_tree(old)
+
+
+def check_replaceable(dest: pathlib.Path, marker: str) -> None:
+    """Refuse (OverlayError) to replace `dest` unless it is absent, an empty
+    folder, or a folder carrying `marker`: one the tool made. Anything else
+    (a file, a user's folder) is not the tool's to remove."""
+    if not os.path.lexists(dest):
+        return
+    if dest.is_symlink() or not dest.is_dir():
+        raise OverlayError(f"{dest} is a file, not a folder: it is not replaced. Name a folder (absent, empty, or one the tool made).")
+    if (dest / marker).is_file() or not any(dest.iterdir()):
+        return
+    raise OverlayError(
+        f"{dest} is a folder the tool did not make (it has files and no {marker}): it is not replaced, since everything in it "
+        "would be removed. Name an absent or empty folder, or one an earlier build made (an index made before builds "
+        f"marked theirs has no {marker}: remove it by hand)."
+    )
+
+
+def check_writable(dest: pathlib.Path, *, folder: bool = False) -> None:
+    """Check, before any work, that `dest` (a file, or a `folder`) can be
+    written where it is: its parent made, and a staging file or folder made
+    and removed beside it as the real write will. OverlayError otherwise."""
+    with cannot_write(dest):
+        for parent in dest.parents:
+            if os.path.lexists(parent) and not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"{parent} is not a folder")
+        if folder:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.rmdir(tempfile.mkdtemp(prefix=f"{dest.name}{PARTIAL}", dir=dest.parent))
+        else:
+            if dest.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "it is a folder; name a file")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = _create_beside(dest)
+            os.close(fd)
+            os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def cannot_write(dest: pathlib.Path) -> Iterator[None]:
+    """An OSError in the block is an OverlayError naming `dest`, the
+    destination it was writing, and the system's reason."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        # The file it names, unless that is `dest` or a staging file beside it (a random name says nothing).
+        name = os.fsdecode(exc.filename) if exc.filename is not None else str(dest)
+        if name != str(dest) and not name.startswith(f"{dest}."):
+            reason += f": {name}"
+        raise OverlayError(f"cannot write {dest}: {reason}.") from None
 
 
 @contextlib.contextmanager
@@ -100,12 +168,39 @@ def remove_tree(path: pathlib.Path) -> bool:
 
 def write_atomically(path: pathlib.Path, data: str | bytes) -> None:
     """Write a file in one rename: a reader sees the old content or the new."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+    with staged_file(path, data):
+        pass
+
+
+@contextlib.contextmanager
+def staged_file(path: pathlib.Path, data: str | bytes) -> Iterator[None]:
+    """Write `data` to a file beside `path` now; move it to `path` when the
+    block ends without an exception (a reader sees the old content or the
+    new), remove it when one escapes. The file has the mode the umask gives
+    (0644 under the usual 022), not mkstemp's 0600: what the tool publishes
+    is read by others (a web server, another user). An OSError is an
+    OverlayError naming `path`."""
+    with cannot_write(path):
+        fd, tmp = _create_beside(path)
     try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        with cannot_write(path):
+            with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
+        yield
+        with cannot_write(path):
+            os.replace(tmp, path)
     except BaseException:
         with interrupts.held(raise_after=False):
             pathlib.Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _create_beside(path: pathlib.Path) -> tuple[int, str]:
+    """A new file `<path>.<random>` beside `path`, open for writing, made
+    with mode 0666 less the umask (as open() makes files)."""
+    while True:
+        tmp = str(path.parent / f"{path.name}.{secrets.token_hex(4)}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue

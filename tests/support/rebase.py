@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 import tomllib
 
-from maxtext_rl_overlay import options
+from maxtext_rl_overlay import buildcache, options
 from maxtext_rl_overlay.pins import set_pin_values
 from support import ROOT, TESTS
 
@@ -27,6 +27,7 @@ PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE", "constraints.txt", ".
 
 
 def cache_dir() -> pathlib.Path:
+    buildcache.claim(options.settings().cache_dir)  # the tool's cache: tagged before anything goes in
     return options.settings().cache_dir / "standins"
 
 

@@ -1,11 +1,15 @@
 """The shared build cache: builds that share it wait for each other's
 entries instead of breaking them, `clean` empties it but never under a
-running build, and it is tagged as a cache (CACHEDIR.TAG)."""
+running build, and it is tagged as a cache (CACHEDIR.TAG). The tag is also
+what makes a folder the tool's: a build starts a cache only in an empty
+folder, and `clean` removes only what the tool keeps, only where it is tagged."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -86,3 +90,86 @@ def test_clean_empties_the_cache_but_not_under_a_running_build(tmp_path):
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def test_clean_refuses_a_folder_the_tool_did_not_make(tmp_path):
+    """MRL_CACHE_DIR may name anything (a typo, ~/.cache): without the
+    tool's own CACHEDIR.TAG, clean removes nothing."""
+    folder = tmp_path / "not-a-cache"
+    (folder / ".ssh").mkdir(parents=True)
+    (folder / ".ssh" / "id_ed25519").write_text("key")
+    (folder / "notes.txt").write_text("mine")
+    (folder / "wheels").mkdir()  # even where a name is one the tool uses
+    for tag in (None, "Signature: 8a477f597d28d172789f06886806bc55\n# another program's cache\n"):
+        if tag:
+            (folder / "CACHEDIR.TAG").write_text(tag)
+        done = _cli("clean", env=dict(os.environ, MRL_CACHE_DIR=str(folder)))
+        assert done.returncode == 3, done.stderr
+        assert f"{folder} (MRL_CACHE_DIR) does not carry maxtext-rl-overlay's CACHEDIR.TAG" in done.stderr
+        assert sorted(p.name for p in folder.iterdir()) == sorted([".ssh", "notes.txt", "wheels", *(["CACHEDIR.TAG"] if tag else [])])
+        assert (folder / ".ssh" / "id_ed25519").read_text() == "key"
+
+
+def test_clean_removes_only_what_the_tool_keeps_and_names_the_rest(tmp_path):
+    cache = tmp_path / "cache"
+    kinds = ("buildenv", "closures", "git", "patched", "releases", "sources", "standins", "wheels")
+    with buildcache.using(cache):
+        for kind in kinds:
+            (cache / kind / "entry").mkdir(parents=True)
+    (cache / "notes.txt").write_text("mine")
+    (cache / "mine").mkdir()
+    (cache / "sources-link").symlink_to(tmp_path)
+    done = _cli("clean", env=dict(os.environ, MRL_CACHE_DIR=str(cache)))
+    assert done.returncode == 0, done.stderr
+    assert f"removed {', '.join(kinds)};" in done.stdout
+    assert "clean: left mine, notes.txt, sources-link: not the tool's" in done.stdout
+    assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG", "locks", "mine", "notes.txt", "sources-link"]
+
+
+def test_a_build_does_not_start_a_cache_in_a_folder_holding_other_files(tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(OverlayError, match=r"holds notes.txt and no CACHEDIR.TAG of maxtext-rl-overlay"):
+        with buildcache.using(folder):
+            pass
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"], "not tagged (which would hide it from backups), nothing made"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with buildcache.using(empty):  # an empty folder, or an absent one, becomes the cache
+        pass
+    with buildcache.using(tmp_path / "absent"), buildcache.using(empty):  # and stays it
+        pass
+    assert (empty / "CACHEDIR.TAG").read_text() == (tmp_path / "absent" / "CACHEDIR.TAG").read_text()
+    assert (empty / "CACHEDIR.TAG").stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def test_a_build_refuses_a_cache_folder_it_did_not_make(tmp_path):
+    folder = tmp_path / "home"
+    (folder / ".ssh").mkdir(parents=True)
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (project / name).write_bytes((ROOT / name).read_bytes())
+    shutil.copytree(ROOT / "patches", project / "patches")
+    done = _cli("build", "--only", "google-tunix", "--project", str(project),
+                env=dict(os.environ, MRL_CACHE_DIR=str(folder), UV_DEFAULT_INDEX=(tmp_path / "no-index").as_uri()))  # offline
+    assert done.returncode == 3, done.stderr
+    assert f"the cache folder {folder} (MRL_CACHE_DIR) holds .ssh and no CACHEDIR.TAG" in done.stderr
+    assert [p.name for p in folder.iterdir()] == [".ssh"]
+
+
+def test_every_kind_of_entry_the_code_keeps_is_one_clean_knows():
+    """KINDS is what clean removes: a folder some code keeps in the cache
+    (`cache / "name"`) that it does not list would outlive every clean, and
+    one it lists that nothing keeps is a stale entry."""
+    pattern = re.compile(r'cache(?:_root\(\)|_dir)?\)? / "([^"]+)"')
+    files = [*(ROOT / "overlay").rglob("*.py"), ROOT / "tests" / "standins.py", *(ROOT / "tests" / "support").glob("*.py")]
+    kept = {name: path.relative_to(ROOT).as_posix() for path in files for name in pattern.findall(path.read_text())}
+    assert set(kept) == set(buildcache.KINDS), kept
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -110,7 +110,8 @@ def test_staged_dir_appears_whole_or_not_at_all(tmp_path):
     with staging.staged_dir(dest) as tmp:
         (tmp / "a").write_text("1")
     assert (dest / "a").read_text() == "1"
-    with staging.staged_dir(dest, replace=True, mode=0o755) as tmp:
+    (dest / "MARK").write_text("")  # what says that the folder is the caller's to replace
+    with staging.staged_dir(dest, replace="MARK", mode=0o755) as tmp:
         (tmp / "b").write_text("2")
     assert sorted(p.name for p in dest.iterdir()) == ["b"] and oct(dest.stat().st_mode & 0o777) == "0o755"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dest"]  # nothing left beside it

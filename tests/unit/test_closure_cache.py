@@ -9,13 +9,15 @@ import json
 import os
 import pathlib
 import stat
+import sys
+import tempfile
 
 import pytest
 
 from maxtext_rl_overlay import publish, registry
 from maxtext_rl_overlay.environment import Environment, Torch
 from maxtext_rl_overlay.errors import OverlayError
-from unit.unit_support import fake_wheel
+from unit.unit_support import fake_wheel, installable_wheel, uv_offline_env
 
 CLOSURE = (
     "jax==0.8.0 \\\n    --hash=sha256:" + "a" * 64 + "\n"
@@ -170,6 +172,27 @@ def test_a_failed_resolution_is_not_cached(resolver):
     with pytest.raises(OverlayError, match="resolving the stack's closure failed"):
         _resolve(index, cache)
     assert not (cache / "closures").exists() or not list((cache / "closures").iterdir())
+
+
+
+def test_the_resolution_names_its_inputs_by_file_name_wherever_the_tool_runs(tmp_path, monkeypatch):
+    """uv names an input file by its path relative to the folder it runs
+    in: the real uv, run from the folder above the resolver's temporary one
+    (a build started in /tmp), wrote `-c mrl-resolve-XXXX/...` into the
+    closure, and so into constraints.txt (and the cache, for a day)."""
+    for name, value in uv_offline_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    index = tmp_path / "index"
+    index.mkdir()
+    installable_wheel(index, "maxtext-rl-overlay", "0.1.0", requires=("jax",))
+    installable_wheel(index, "jax", "0.8.0")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.chdir(temp)
+    closure = publish._compile(index, "maxtext-rl-overlay", sys.executable, _env(), {})
+    assert "#   -c maxtext-and-torch-constraints.txt\n" in closure, closure
+    assert "mrl-resolve-" not in closure, closure
 
 
 # -- the MaxText release: one file-list read, then none ----------------------

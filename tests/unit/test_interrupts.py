@@ -151,6 +151,7 @@ def test_a_signal_between_the_renames_leaves_the_new_folder_in_place(tmp_path, m
     dest = tmp_path / "dist"
     dest.mkdir()
     (dest / "old").write_text("old")
+    (dest / "MARK").write_text("")
     real = os.replace
     calls = []
 
@@ -162,7 +163,7 @@ def test_a_signal_between_the_renames_leaves_the_new_folder_in_place(tmp_path, m
             _spin()
 
     monkeypatch.setattr(staging.os, "replace", replace_then_signal)
-    with interrupts.installed(), pytest.raises(KeyboardInterrupt), staging.staged_dir(dest, replace=True) as new:
+    with interrupts.installed(), pytest.raises(KeyboardInterrupt), staging.staged_dir(dest, replace="MARK") as new:
         (new / "new").write_text("new")
     assert sorted(p.name for p in dest.iterdir()) == ["new"]
     assert [p.name for p in tmp_path.iterdir()] == ["dist"], "staging folders left behind"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pathlib
 import shutil
 
+from .. import buildcache
 from ..errors import OverlayError
 from ..git import git, inside_package, missing_blobs, out
 from ..pins import Pin
@@ -34,6 +35,7 @@ def resolve(pin: Pin, new_ref: str, source: str | None, cache: pathlib.Path) -> 
 
 def _fetch(pin: Pin, new_ref: str, cache: pathlib.Path) -> pathlib.Path:
     """NEW_REF (as refs/mrl/new), the tags and the pin, fetched from the pin's repository."""
+    buildcache.claim(cache)  # tagged as the tool's before anything goes in, as a build does
     git_dir = cache / "git" / f"{pin.distribution}-rebase.git"
     if not git_dir.exists():
         git_dir.parent.mkdir(parents=True, exist_ok=True)
