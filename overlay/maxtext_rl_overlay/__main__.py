@@ -147,7 +147,9 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     from . import patchfile, testmatrix
     from .pins import load_project
 
-    project = load_project(_project(args))  # pyproject's options and the pin files, checked
+    # pyproject's options and [project] table, the pin files, and what refers
+    # across them (the maxtext extra names one of [project]'s extras), checked.
+    project = load_project(_project(args))
     for quick in (False, True):  # and the matrix table, the one part used only by test-matrix
         testmatrix.load_matrix(project.options.matrix, where=str(project.root / "pyproject.toml"), quick=quick)
     problems = [problem for pin in project.pins.values() for path in pin.series for problem in patchfile.lint_file(path)]

@@ -117,6 +117,9 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
             record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter))
             overlay_wheel = _build_overlay(project, record, adapter, staging, opts.python, cache)
+            # What the wheels were made from, for the header (tests/unit finds a stale file by it):
+            # read now, after the upstreams' builds (which may rewrite a toolchain file) and the overlay's.
+            inputs = publish.input_digests(project, entries)
             sums = publish.write_index(staging)
             publish.write_simple(staging, sums)
             find_links = _relative(out, constraints_path.parent)
@@ -138,8 +141,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             # With --base-url it names the index by that URL instead.
             made_by = _made_by(opts, project, entries, out, constraints_path)
             (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or "",
-                                                                              made_by=made_by))
-            text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by)
+                                                                              made_by=made_by, inputs=inputs))
+            text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs)
             after_the_index.enter_context(staged_file(constraints_path, text))
             publishing.begin()  # the last point where an interrupt leaves the previous build in place
     for name, entry in entries.items():

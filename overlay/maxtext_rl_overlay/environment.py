@@ -26,6 +26,7 @@ from packaging.version import Version
 
 from . import registry
 from .errors import OverlayError
+from .options import maxtext_requirement
 from .pins import Project
 from .progress import step
 
@@ -85,16 +86,11 @@ def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> En
     options = project.options.maxtext
     extra = options.extra
     pyproject = project.root / "pyproject.toml"
-    try:
-        (requirement_text,) = project.metadata["optional-dependencies"][extra]
-        requirement = Requirement(requirement_text)
-    except (KeyError, ValueError, TypeError) as exc:
-        why = f" ({str(exc).splitlines()[0]})" if isinstance(exc, InvalidRequirement) else ""
-        raise OverlayError(f"{pyproject}: the [project.optional-dependencies] extra {extra!r} must hold "
-                           f"exactly one requirement, the MaxText release (name[extra]==version){why}.") from None
+    # Checked when the project was loaded (options.project_metadata); read here.
+    extras = project.metadata.get("optional-dependencies", {})
+    requirement = maxtext_requirement(extras, options, str(pyproject))
+    (requirement_text,) = extras[extra]
     pinned = [s.version for s in requirement.specifier if s.operator == "=="]
-    if len(pinned) != 1 or len(requirement.extras) != 1:
-        raise OverlayError(f"the {extra!r} extra must name one MaxText release and one of its extras exactly (name[extra]==version), not {requirement_text!r}.")
     (mt_extra,) = requirement.extras
     wheel = registry.release_wheel(requirement.name, pinned[0], cache / "releases")
     overrides_file = options.overrides_file

@@ -1,21 +1,26 @@
 """The tool's options besides its command line, checked and typed: the
-`[tool.maxtext-rl-overlay]` table of pyproject.toml and the MRL_* environment
-variables. Their names, types and defaults are declared here and nowhere
-else, and each value is checked when it is read: a wrong type, or a misspelt
-key (with the nearest known one), is refused with its place and what was
-expected, instead of falling back to a default or failing later. The pin
-files (pins.py) and the matrix table (testmatrix.py) are read with the same
-checks. README.md, "Configuration", documents the schema."""
+`[tool.maxtext-rl-overlay]` table of pyproject.toml (and what the build reads
+of its `[project]` table) and the MRL_* environment variables. Their names,
+types and defaults are declared here and nowhere else, and each value is
+checked when it is read: a wrong type, or a misspelt key (with the nearest
+known one), is refused with its place and what was expected, instead of
+falling back to a default or failing later. The pin files (pins.py) and the
+matrix table (testmatrix.py) are read with the same checks. README.md,
+"Configuration", documents the schema."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import os
 import pathlib
 from collections.abc import Mapping
 from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from .errors import OverlayError
 
@@ -79,6 +84,50 @@ def strings(data: Mapping[str, Any], key: str, where: str, default: Any = _REQUI
     return tuple(value)
 
 
+def version(data: Mapping[str, Any], key: str, where: str, default: Any = _REQUIRED) -> str:
+    """A public PEP 440 version in its normal form: the tool appends its own
+    local label (+mrl.N), and the wheel's name carries the normal form, so
+    any other spelling fails only once a wheel is built."""
+    value = string(data, key, where, default)
+    try:
+        normal = Version(value)
+    except InvalidVersion:
+        raise OverlayError(f"{where}: {key} = {value!r} is not a PEP 440 version (such as 1.2.3 or 0.25.0.dev20260727).") from None
+    if normal.local is not None:
+        raise OverlayError(f"{where}: {key} = {value!r} has a local label (+{normal.local}); the build adds its own (+mrl.N): "
+                           f"write {normal.public!r}.")
+    if str(normal) != value:
+        raise OverlayError(f"{where}: {key} = {value!r} is not in PEP 440's normal form: write {str(normal)!r}.")
+    return value
+
+
+def iso_date(data: Mapping[str, Any], key: str, where: str, default: Any = _REQUIRED) -> str:
+    """An ISO 8601 date and time with its UTC offset (as `git log --format=%cI`
+    prints it), or "" for none: it becomes a wheel's SOURCE_DATE_EPOCH, which
+    a time without an offset would make depend on the machine's time zone."""
+    value = string(data, key, where, default)
+    if value:
+        try:
+            when: datetime.datetime | None = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            when = None
+        if when is None or when.tzinfo is None:
+            raise OverlayError(f"{where}: {key} = {value!r} is not an ISO 8601 date and time with its UTC offset, "
+                               "such as 2026-07-27T09:44:06-07:00 (git log -1 --format=%cI COMMIT), or \"\" for none.")
+    return value
+
+
+def requirements(data: Mapping[str, Any], key: str, where: str, default: Any = _REQUIRED) -> tuple[str, ...]:
+    """A list of PEP 508 requirements, such as `dependencies = ["packaging>=24"]`."""
+    value = strings(data, key, where, default)
+    for text in value:
+        try:
+            Requirement(text)
+        except InvalidRequirement as exc:
+            raise OverlayError(f"{where}: {key} holds {text!r}, which is not a requirement ({str(exc).splitlines()[0]}).") from None
+    return value
+
+
 def string_table(data: Mapping[str, Any], key: str, where: str, default: Any = _REQUIRED) -> dict[str, str]:
     """A table of string values, such as `env = { NAME = "value" }`."""
     value = _get(data, key, where, default)
@@ -140,6 +189,64 @@ def project_options(data: object, where: str) -> ProjectOptions:
         torch=TorchOptions(strings(torch, "find-links", torch_where, TorchOptions.find_links)),
         matrix=table(data.get("matrix", {}), f"{where[:-1]}.matrix]"),
     )
+
+
+# -- pyproject.toml [project]: what the build reads of it --------------------
+
+#: What the build writes into the overlay's own wheel, so none may be dynamic.
+_STATIC = ("version", "dependencies", "optional-dependencies")
+
+
+def project_metadata(data: object, where: str, maxtext: MaxTextOptions) -> dict[str, Any]:
+    """pyproject.toml's [project] table, checked for what the build reads and
+    edits of it (a static version, the dependencies and the extras, each a
+    requirement) and for the cross-reference of [tool.maxtext-rl-overlay.maxtext]
+    `extra`; returned as it is. Wrong here, the build would fail only after
+    every upstream wheel was built."""
+    pyproject = where
+    where = f"{where} [project]"
+    data = table(data, where)
+    dynamic = [key for key in strings(data, "dynamic", where, ()) if key in _STATIC]
+    if dynamic:
+        raise OverlayError(f"{where}: dynamic lists {', '.join(dynamic)}, which the build reads and writes as static values (the "
+                           "overlay's wheel gets its version from them, and the exact overlay builds added to its dependencies): "
+                           "set them in [project] and take them out of dynamic.")
+    version(data, "version", where)
+    if "dependencies" not in data:
+        raise OverlayError(f"{where} lacks the key 'dependencies': the build adds the overlay builds to it (write dependencies = [] for none).")
+    strings(data, "dependencies", where)
+    extras_where = f"{where[:-1]}.optional-dependencies]"
+    extras = table(data.get("optional-dependencies", {}), extras_where)
+    for name in extras:
+        strings(extras, name, extras_where)
+    maxtext_requirement(extras, maxtext, pyproject)
+    requirements(data, "dependencies", where)
+    for name in extras:
+        requirements(extras, name, extras_where)
+    return data
+
+
+def maxtext_requirement(extras: Mapping[str, Any], maxtext: MaxTextOptions, pyproject: str) -> Requirement:
+    """The MaxText release that [tool.maxtext-rl-overlay.maxtext] `extra`
+    names: that extra of [project.optional-dependencies] must exist and hold
+    exactly one requirement, name[extra]==version."""
+    name = maxtext.extra
+    if name not in extras:
+        close = difflib.get_close_matches(name, sorted(extras), n=1)
+        raise OverlayError(f"{pyproject} [tool.maxtext-rl-overlay.maxtext]: extra = {name!r} names no extra of [project.optional-dependencies]"
+                           + (f" (did you mean {close[0]!r}?)" if close else "") + f"; its extras: {', '.join(sorted(extras)) or 'none'}.")
+    try:
+        (text,) = extras[name]
+        requirement = Requirement(text)
+    except (ValueError, InvalidRequirement) as exc:
+        why = f" ({str(exc).splitlines()[0]})" if isinstance(exc, InvalidRequirement) else ""
+        raise OverlayError(f"{pyproject}: the [project.optional-dependencies] extra {name!r} must hold "
+                           f"exactly one requirement, the MaxText release (name[extra]==version){why}.") from None
+    pinned = [s.version for s in requirement.specifier if s.operator == "=="]
+    if len(pinned) != 1 or len(requirement.extras) != 1:
+        raise OverlayError(f"{pyproject}: the {name!r} extra must name one MaxText release and one of its extras exactly "
+                           f"(name[extra]==version), not {text!r}.")
+    return requirement
 
 
 # -- the environment ----------------------------------------------------------

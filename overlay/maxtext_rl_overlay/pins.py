@@ -12,7 +12,19 @@ from typing import Any
 
 from . import tomledit
 from .errors import OverlayError
-from .options import ProjectOptions, boolean, project_options, refuse_unknown, string, string_table, strings, table
+from .options import (
+    ProjectOptions,
+    boolean,
+    iso_date,
+    project_metadata,
+    project_options,
+    refuse_unknown,
+    string,
+    string_table,
+    strings,
+    table,
+    version,
+)
 
 #: Build order, and the names --only and --source accept.
 DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
@@ -77,7 +89,7 @@ class Pin:
 class Project:
     root: pathlib.Path
     pins: dict[str, Pin]
-    metadata: dict[str, Any]  # pyproject.toml's [project] table
+    metadata: dict[str, Any]  # pyproject.toml's [project] table, checked (options.project_metadata)
     options: ProjectOptions  # pyproject.toml's [tool.maxtext-rl-overlay] table, checked
 
     @property
@@ -145,8 +157,8 @@ def read_pin(directory: pathlib.Path) -> Pin:
         repository=string(data, "repository", where),
         commit=string(data, "commit", where),
         tree=string(data, "tree", where),
-        date=string(data, "date", where),
-        version=string(data, "version", where),
+        date=iso_date(data, "date", where),
+        version=version(data, "version", where),
         build_env=string_table(build, "env", build_where, {}),
         requirement_overrides=string_table(build, "requirements", build_where, {}),
         requirement_files=strings(build, "requirement-files", build_where, DEFAULT_REQUIREMENT_FILES),
@@ -217,7 +229,7 @@ def load_project(root: pathlib.Path) -> Project:
     if config is None:
         raise OverlayError(f"{pyproject} lacks [tool.maxtext-rl-overlay]: is {root} the project?")
     options = project_options(config, str(pyproject))
-    metadata = table(doc.get("project"), f"{pyproject} [project]")
+    metadata = project_metadata(doc.get("project"), str(pyproject), options.maxtext)
     pins = {name: read_pin(root / "patches" / name) for name in DISTRIBUTIONS}
     return Project(root=root, pins=pins, metadata=metadata, options=options)
 

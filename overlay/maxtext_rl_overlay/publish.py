@@ -28,28 +28,39 @@ file unless the inputs rule them out), so that resolving again, in CI or
 on another day, gives the same closure rather than whatever the registry
 lists that minute (a freshly released package can be listed by one request
 and missing from the next). The build says how many pins it kept and which
-moved; deleting the committed file resolves from scratch."""
+moved; deleting the committed file resolves from scratch.
+
+Its header also records a digest of every input it was made from
+(input_digests: the overlay's own files, each pin and series), and
+stale_constraints recomputes them from a checkout, offline: tests/unit fails
+on a committed file that the checkout no longer builds, with the command that
+makes it again."""
 
 from __future__ import annotations
 
 import email.parser
+import fnmatch
 import hashlib
 import html
 import json
 import os
 import pathlib
+import re
+import shlex
 import shutil
 import time
 import urllib.parse
 import zipfile
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, options, proc, sources
+from . import buildcache, buildenv, manifest, options, proc, sources
 from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
+from .pins import Project
 from .progress import step
 from .staging import scratch_dir, write_atomically
 
@@ -297,12 +308,116 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+# -- the inputs a constraints file was made from --------------------------------
+
+#: The part of input_digests() that is the overlay's own wheel.
+OVERLAY = "maxtext-rl-overlay"
+#: The project files the overlay's own wheel is made of (build._build_overlay
+#: copies them): the folder without what is not the project's (caches, build
+#: metadata, the manifest the build writes into the copy).
+OVERLAY_FILES = ("pyproject.toml", "README.md", "LICENSE", "overlay")
+OVERLAY_IGNORED = ("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info")
+INPUTS_TITLE = "Inputs, sha256 of the files each is made from (tests/unit recomputes them from the checkout):"
+
+
+def input_digests(project: Project, names: Iterable[str]) -> dict[str, str]:
+    """{part: sha256} of every input a build reads from the project: the
+    overlay's own wheel (OVERLAY: pyproject.toml, README.md, LICENSE, the
+    tool's code and resources) and, for each distribution in `names`, its pin
+    file, series file, patches and build toolchain file. Each part is the
+    sha256 of its files' project-relative paths and contents, so it is the
+    same on every machine, wherever the checkout is."""
+    parts = {OVERLAY: _files_digest(project.root, _overlay_files(project.root))}
+    for name in names:
+        pin = project.pins[name]
+        files = [pin.pin_file, pin.directory / "series", *pin.series, pin.directory / buildenv.TOOLCHAIN_FILE]
+        parts[name] = _files_digest(project.root, [f for f in files if f.is_file()])
+    return parts
+
+
+def _overlay_files(root: pathlib.Path) -> list[pathlib.Path]:
+    found = []
+    for name in OVERLAY_FILES:
+        path = root / name
+        if path.is_file():
+            found.append(path)
+        for folder, dirs, files in os.walk(path):  # nothing for a file
+            dirs[:] = [d for d in dirs if not _ignored(d)]
+            found += [pathlib.Path(folder, f) for f in files if not _ignored(f)]
+    return found
+
+
+def _ignored(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in OVERLAY_IGNORED)
+
+
+def _files_digest(root: pathlib.Path, files: Iterable[pathlib.Path]) -> str:
+    rows = sorted(f"{f.relative_to(root).as_posix()}\0{sha256_file(f)}\n" for f in files)
+    return hashlib.sha256("".join(rows).encode()).hexdigest()
+
+
+def _inputs_lines(inputs: Mapping[str, str]) -> list[str]:
+    own = "its own wheel: " + ", ".join(f"{n}/" if n == "overlay" else n for n in OVERLAY_FILES)
+    lines = [INPUTS_TITLE]
+    for part, sha in inputs.items():
+        what = own if part == OVERLAY else f"patches/{part}/: pin.toml, series, patches, {buildenv.TOOLCHAIN_FILE} if any"
+        lines.append(f"  {part}: {sha} ({what})")
+    return lines
+
+
+def recorded_inputs(text: str) -> dict[str, str]:
+    """{part: sha256} that a constraints file's header records ({} for none)."""
+    lines = text.splitlines()
+    try:
+        at = lines.index(f"# {INPUTS_TITLE}")
+    except ValueError:
+        return {}
+    recorded = {}
+    for line in lines[at + 1:]:
+        m = re.match(r"#   ([\w.-]+): ([0-9a-f]{64}) \(", line)
+        if not m:
+            break
+        recorded[m.group(1)] = m.group(2)
+    return recorded
+
+
+def stale_constraints(text: str, project: Project) -> str:
+    """Why a constraints file is stale for `project` as it is now, with the
+    command that makes it again as it was made; "" when every input it
+    records (all the project's pins and the overlay) is unchanged."""
+    recorded = recorded_inputs(text)
+    now = input_digests(project, project.pins)
+    if not recorded:
+        why = ["its header records no digest of its inputs (it was made by an older tool)"]
+    else:
+        why = [f"{part} is not among its inputs" for part in now if part not in recorded]
+        why += [f"{part} changed since it was made" for part in now if recorded.get(part, now[part]) != now[part]]
+        why += [f"it records {part}, which the project does not have" for part in recorded if part not in now]
+    if not why:
+        return ""
+    return f"constraints.txt is stale: {'; '.join(why)}. Make it again, from the checkout, as it was made:\n" + regenerate_command(text)
+
+
+def regenerate_command(text: str) -> str:
+    """The build command of a constraints file's `Made by:` line, as run in
+    the checkout (scripts/build-wheels.sh), and what each PATH was."""
+    lines = text.splitlines()
+    made = next((i for i, line in enumerate(lines) if line.startswith("# Made by: maxtext-rl-overlay build")), None)
+    if made is None:
+        return "  scripts/build-wheels.sh  (its header does not say how it was made: give the sources and flags it needs)"
+    args = lines[made].removeprefix("# Made by: maxtext-rl-overlay build").split()
+    said = [line.removeprefix("#   ") for line in lines[made + 1:] if line.startswith("#   ") and not line.startswith("#   with ")]
+    where = [s for s in said if re.match(r"[\w.-]+: --source |[\w.-]+: fetched ", s)]
+    return "  " + shlex.join(["scripts/build-wheels.sh", *args]) + "".join(f"\n    {s}" for s in where)
+
+
 def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Environment, location: str = "",
-                     made_by: tuple[str, ...] = ()) -> str:
+                     made_by: tuple[str, ...] = (), inputs: Mapping[str, str] | None = None) -> str:
     """constraints.txt: how it was made (`made_by`: the build command, its
-    sources, uv's version, the tool's digest), the index lines, then every
-    pin with uv's `# via` annotations; an overlay wheel's line carries exactly
-    its own sha256, whatever the resolver printed."""
+    sources, uv's version, the tool's digest; `inputs`: input_digests() of
+    the project it was built from), the index lines, then every pin with
+    uv's `# via` annotations; an overlay wheel's line carries exactly its own
+    sha256, whatever the resolver printed."""
     ours = {}
     for name, sha in overlay_wheels.items():
         dist, version, _, _ = parse_wheel_filename(name)
@@ -334,6 +449,7 @@ def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: s
         f"# Resolved for Python {TARGET_PYTHON} on {TARGET_PLATFORM} (a TPU VM), with {env.maxtext}",
         f"# under its {env.constraints_origin.split(':', 1)[1]} ({env.constraints_origin.split(':', 1)[0]}).",
         *(f"# {line}" for line in made_by),
+        *(f"# {line}" for line in (_inputs_lines(inputs) if inputs else ())),
         f"--find-links {find_links}",
         *(f"--find-links {link}" for link in env.torch.find_links),
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import sys
@@ -92,7 +93,7 @@ def load_matrix(matrix: Mapping[str, Any], *, where: str, quick: bool) -> Matrix
     if not table:
         raise OverlayError(f"{where} is missing: the matrix's cells and parameters are declared there.")
     refuse_unknown(set(table), _MATRIX_KEYS, where)
-    subset = dict(table.pop("quick", {}))
+    subset = dict(options.table(table.pop("quick", {}), f"{where[:-1]}.quick]"))
     refuse_unknown(set(subset), _MATRIX_KEYS - {"quick"}, f"{where[:-1]}.quick]")
     missing = sorted(_MATRIX_KEYS - {"quick"} - set(table))
     if missing:
@@ -130,19 +131,21 @@ def _list(table: Mapping[str, Any], key: str, where: str, kind: type) -> list[An
 
 
 def _cell(c: dict[str, Any], where: str) -> Cell:
-    refuse_unknown(set(c), _CELL_KEYS, f"{where} cell {c.get('name', '?')!r}")
-    try:
-        name, python, install = str(c["name"]), str(c["python"]), str(c["install"])
-    except KeyError as exc:
-        raise OverlayError(f"{where}: a cell lacks {exc.args[0]!r} (each needs name, python and install).") from None
+    where = f"{where} cell {c.get('name', '?')!r}"
+    refuse_unknown(set(c), _CELL_KEYS, where)
+    name, install = options.string(c, "name", where), options.string(c, "install", where)
+    python = c.get("python")
+    if isinstance(python, float):  # TOML reads 3.10 as the number 3.1
+        raise OverlayError(f"{where}: python = {python!r} is a number (TOML reads 3.10 as 3.1): write the version as a string, "
+                           "such as \"3.12\".")
+    python = options.string(c, "python", where)
+    if not re.fullmatch(r"3\.\d+", python):
+        raise OverlayError(f"{where}: python = {python!r} must be a Python version such as \"3.12\".")
     runs = c.get("runs", {"": {}})
-    if not isinstance(runs, dict) or not runs or not all(isinstance(v, dict) for v in runs.values()):
-        raise OverlayError(f"{where} cell {name!r}: runs must be a table of run name -> environment.")
-    env = c.get("env", {})
-    if not isinstance(env, dict):
-        raise OverlayError(f"{where} cell {name!r}: env must be a table.")
-    return Cell(name, python, install, {k: str(v) for k, v in env.items()},
-                {r: {k: str(v) for k, v in e.items()} for r, e in runs.items()})
+    if not isinstance(runs, dict) or not runs:
+        raise OverlayError(f"{where}: runs must be a table of run name -> environment.")
+    return Cell(name, python, install, options.string_table(c, "env", where, {}),
+                {r: options.string_table(runs, r, f"{where} runs") for r in runs})
 
 
 def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
@@ -221,12 +224,13 @@ def _python(version: str) -> str:
 def run(project_root: pathlib.Path, wheels: pathlib.Path, work: pathlib.Path, *, platform: str, quick: bool, keep: bool = False) -> list[CellResult]:
     if platform not in PLATFORMS:
         raise OverlayError(f"--platform must be one of {', '.join(PLATFORMS)}.")
+    cells = load_cells(project_root, quick)  # a wrong matrix table is said before anything else
     constraints = wheels / "constraints.txt"
     if not constraints.is_file():
         raise OverlayError(f"{wheels} has no constraints.txt: give --wheels the index folder scripts/build-wheels.sh made.")
     constraints = publish.local_view(wheels, work / "index")  # these wheels, even if built for a --base-url
     results: list[CellResult] = []
-    for cell in load_cells(project_root, quick):
+    for cell in cells:
         results += _run_cell(project_root, constraints, work / cell.name, cell, platform=platform, quick=quick, keep=keep)
     return results
 

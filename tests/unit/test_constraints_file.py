@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ from packaging.version import Version
 
 from maxtext_rl_overlay import publish
 from maxtext_rl_overlay.environment import Environment, Torch
+from maxtext_rl_overlay.pins import load_project
 from unit.unit_support import UV, installable_wheel, uv_offline_env
 
 
@@ -92,3 +94,99 @@ def test_header_says_how_it_was_made_and_ours_keep_their_annotations():
     assert "\n# Made by: maxtext-rl-overlay build --unpinned\n#   with uv 0.13.9\n" in text
     assert "\ngoogle-tunix==0.1.7+mrl.2 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via maxtext-rl-overlay\n" in text
     assert text.endswith("    # via\n    #   flax\n    #   maxtext\n")
+
+
+# -- the inputs it was made from: a stale file is found offline ---------------
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MADE_BY = ("Made by: maxtext-rl-overlay build --source google-tunix=PATH --source vllm=PATH --unpinned",
+           "  google-tunix: --source a git repository, commit " + "1" * 40 + ", tree " + "2" * 40,
+           "  vllm: --source vllm-0.25.0.tar.gz, tree " + "3" * 40 + " (NOT the pin)",
+           "  with uv 0.13.9 (x86_64-unknown-linux-gnu), the tool's code sha256 " + "4" * 64)
+
+
+def _header(inputs: dict[str, str] | None, made_by: tuple[str, ...] = MADE_BY) -> str:
+    return publish.constraints_text("", {}, "./dist", notes=[], env=_env(()), made_by=made_by, inputs=inputs)
+
+
+@pytest.fixture
+def checkout(tmp_path) -> pathlib.Path:
+    """A copy of the project's files at another path, with what a checkout
+    also holds but the overlay's wheel does not take: caches, build metadata,
+    a manifest, constraints.txt."""
+    dest = tmp_path / "elsewhere" / "project"
+    dest.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
+        shutil.copy2(ROOT / name, dest / name)
+    for name in ("overlay", "patches"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
+    package = dest / "overlay" / "maxtext_rl_overlay"
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "build.cpython-312.pyc").write_bytes(b"\0")
+    (package / "manifest.json").write_text("{}\n")
+    (dest / "overlay" / "maxtext_rl_overlay.egg-info").mkdir()
+    (dest / "overlay" / "maxtext_rl_overlay.egg-info" / "PKG-INFO").write_text("Name: x\n")
+    return dest
+
+
+def test_the_header_records_the_digest_of_each_input():
+    inputs = {"maxtext-rl-overlay": "a" * 64, "google-tunix": "b" * 64, "vllm": "c" * 64}
+    text = _header(inputs)
+    assert ("\n#   with uv 0.13.9 (x86_64-unknown-linux-gnu), the tool's code sha256 " + "4" * 64 + "\n"
+            f"# {publish.INPUTS_TITLE}\n"
+            "#   maxtext-rl-overlay: " + "a" * 64 + " (its own wheel: pyproject.toml, README.md, LICENSE, overlay/)\n"
+            "#   google-tunix: " + "b" * 64 + " (patches/google-tunix/: pin.toml, series, patches, build-requirements.txt if any)\n"
+            "#   vllm: " + "c" * 64 + " (patches/vllm/: pin.toml, series, patches, build-requirements.txt if any)\n"
+            "--find-links ./dist\n") in text
+    assert publish.recorded_inputs(text) == inputs
+    assert publish.recorded_inputs(_header(None)) == {} and publish.INPUTS_TITLE not in _header(None)
+
+
+def test_the_digests_are_the_checkouts_wherever_it_is_and_each_names_its_part(checkout):
+    """The same files give the same digests at any path, whatever the
+    checkout holds besides them (caches, build metadata, the manifest,
+    constraints.txt itself); a change to any input changes its part alone."""
+    here, there = load_project(ROOT), load_project(checkout)
+    before = publish.input_digests(there, there.pins)
+    assert before == publish.input_digests(here, here.pins)
+    assert list(before) == ["maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm"]
+    assert list(publish.input_digests(there, ["vllm"])) == ["maxtext-rl-overlay", "vllm"]
+    (checkout / "constraints.txt").write_text("anything\n")
+    assert publish.input_digests(there, there.pins) == before, "constraints.txt is not an input of itself"
+    tpu = there.pins["tpu-inference"]
+    for path, part in ((checkout / "README.md", "maxtext-rl-overlay"),  # the wheel's long description
+                       (checkout / "LICENSE", "maxtext-rl-overlay"),
+                       (checkout / "overlay" / "maxtext_rl_overlay" / "resources" / "build-constraints.txt", "maxtext-rl-overlay"),
+                       (tpu.series[-1], "tpu-inference"),
+                       (tpu.pin_file, "tpu-inference"),
+                       (checkout / "patches" / "vllm" / "build-requirements.txt", "vllm")):
+        saved = path.read_bytes()
+        path.write_bytes(saved + b"\n")
+        after = publish.input_digests(load_project(checkout), there.pins)
+        assert [p for p in before if after[p] != before[p]] == [part], path
+        path.write_bytes(saved)
+    (checkout / "overlay" / "maxtext_rl_overlay" / "new_module.py").write_text("")
+    assert publish.input_digests(there, there.pins)["maxtext-rl-overlay"] != before["maxtext-rl-overlay"], "a new file is an input"
+
+
+def test_a_stale_constraints_file_names_what_changed_and_the_command_that_makes_it_again(checkout):
+    project = load_project(checkout)
+    now = publish.input_digests(project, project.pins)
+    assert publish.stale_constraints(_header(now), project) == ""
+    command = ("  scripts/build-wheels.sh --source google-tunix=PATH --source vllm=PATH --unpinned\n"
+               "    google-tunix: --source a git repository, commit " + "1" * 40 + ", tree " + "2" * 40 + "\n"
+               "    vllm: --source vllm-0.25.0.tar.gz, tree " + "3" * 40 + " (NOT the pin)")
+    readme = checkout / "README.md"
+    readme.write_text(readme.read_text() + "\nOne more line.\n")
+    said = publish.stale_constraints(_header(now), project)
+    assert said == "constraints.txt is stale: maxtext-rl-overlay changed since it was made. Make it again, from the checkout, as it was made:\n" + command
+    fresh = publish.input_digests(project, project.pins)
+    assert publish.stale_constraints(_header(fresh), project) == ""
+    only = {k: v for k, v in fresh.items() if k != "vllm"}  # a build --only leaves a pin out
+    assert publish.stale_constraints(_header(only), project).startswith("constraints.txt is stale: vllm is not among its inputs. ")
+    # Made before the header recorded its inputs (the committed file until it is regenerated):
+    assert publish.stale_constraints(_header(None), project) == (
+        "constraints.txt is stale: its header records no digest of its inputs (it was made by an older tool). "
+        "Make it again, from the checkout, as it was made:\n" + command)
+    assert publish.stale_constraints(_header(None, made_by=()), project).endswith(
+        "\n  scripts/build-wheels.sh  (its header does not say how it was made: give the sources and flags it needs)")

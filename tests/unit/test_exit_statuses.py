@@ -102,6 +102,53 @@ def test_an_invalid_requirement_in_the_maxtext_extra(project, tmp_path):
     assert "(Expected " in line, line  # packaging's reason, its first line
 
 
+#: Bad values of the project's files, each found when the project is read.
+#: Before: a KeyError (4) after every wheel was built (dynamic version), a
+#: failure in the middle of the build (a string of dependencies, a date), a
+#: wheel that fails late or not at all (the version), and lint passed them all.
+BAD_PROJECT = {
+    "version-dynamic": ("pyproject.toml", r'^version = "0\.1\.0"$', 'dynamic = ["version"]', "[project]: dynamic lists version"),
+    "dependencies-string": ("pyproject.toml", r"^dependencies = \[.*\]$", 'dependencies = "packaging>=24"',
+                            "[project]: dependencies must be a list of strings, not 'packaging>=24'"),
+    "extra-unknown": ("pyproject.toml", r"^(overrides-file = .*)$", r'\1\nextra = "maxtex"',
+                      "[tool.maxtext-rl-overlay.maxtext]: extra = 'maxtex' names no extra of [project.optional-dependencies]"),
+    "pin-date": ("patches/google-tunix/pin.toml", r"^date = .*$", 'date = "last tuesday"', "date = 'last tuesday' is not an ISO 8601 date"),
+    "pin-version": ("patches/google-tunix/pin.toml", r"^version = .*$", 'version = "0.1.8 final"', "version = '0.1.8 final' is not a PEP 440 version"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PROJECT)
+def test_a_bad_project_value_is_refused_before_any_work(project, tmp_path, case):
+    """lint and build say it in one line naming the file and the key, with
+    status 3, and the build starts nothing (not even its cache)."""
+    file, pattern, new, says = BAD_PROJECT[case]
+    _edit(project / file, pattern, new)
+    cache = tmp_path / "cache"
+    for args in (["lint"], ["build", "--only", "google-tunix"]):
+        done = _cli(*args, "--project", str(project), env={"MRL_CACHE_DIR": str(cache)})
+        assert done.returncode == cli.ExitCode.ERROR, (args, done.stderr)
+        (line,) = _error_lines(done)
+        assert str(project / file) in line and says in line, line
+    assert not cache.exists(), "the build began its work"
+
+
+@pytest.mark.parametrize("pattern, new, says", [
+    (r"^\[tool\.maxtext-rl-overlay\.matrix\.quick\]\n(.*\n)*?\n", 'quick = "yes"\n\n', "[tool.maxtext-rl-overlay.matrix.quick] must be a table, not 'yes'"),
+    (r'^(  \{ name = "py312", python = )"3\.12"', r"\g<1>3.10", "cell 'py312': python = 3.1 is a number (TOML reads 3.10 as 3.1)"),
+], ids=["quick-string", "python-number"])
+def test_a_bad_matrix_table_is_refused_by_lint_and_test_matrix(project, tmp_path, pattern, new, says):
+    """Before: lint died with a ValueError (4) on the first, and passed the
+    second, which the matrix then ran as Python "3.1"."""
+    _edit(project / "pyproject.toml", pattern, new)
+    wheels = tmp_path / "dist"
+    wheels.mkdir()
+    for args in (["lint"], ["test-matrix", "--quick", "--wheels", str(wheels), "--work", str(tmp_path / "work")]):
+        done = _cli(*args, "--project", str(project))
+        assert done.returncode == cli.ExitCode.ERROR, (args, done.stderr)
+        (line,) = _error_lines(done)
+        assert str(project / "pyproject.toml") in line and says in line, line
+
+
 @pytest.fixture
 def index_without_the_file(tmp_path):
     """A package index (HTTP, 127.0.0.1) whose file list names a MaxText

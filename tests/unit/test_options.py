@@ -64,7 +64,13 @@ torch = false
     ('tree = ""', "tree = false", "tree must be a string, not False"),
     ("torch = false", "torch = false\ntroch = true", "[build]: unknown key(s) 'troch' (did you mean 'torch'?)"),
     ('version = "1.0"', 'version = "1.0"\nverison = "2.0"', "unknown key(s) 'verison' (did you mean 'version'?)"),
-], ids=["torch-no", "env-int", "requirement-files-string", "requirement-int", "version-float", "tree-bool", "build-typo", "top-typo"])
+    ('date = ""', 'date = "last tuesday"', "date = 'last tuesday' is not an ISO 8601 date and time with its UTC offset"),
+    ('date = ""', 'date = "2026-07-27T09:44:06"', "date = '2026-07-27T09:44:06' is not an ISO 8601 date and time with its UTC offset"),
+    ('version = "1.0"', 'version = "1.0 final"', "version = '1.0 final' is not a PEP 440 version"),
+    ('version = "1.0"', 'version = "1.0+ours"', "version = '1.0+ours' has a local label (+ours); the build adds its own (+mrl.N): write '1.0'"),
+    ('version = "1.0"', 'version = "1.0-RC1"', "version = '1.0-RC1' is not in PEP 440's normal form: write '1.0rc1'"),
+], ids=["torch-no", "env-int", "requirement-files-string", "requirement-int", "version-float", "tree-bool", "build-typo", "top-typo",
+        "date-words", "date-no-offset", "version-not-pep440", "version-local", "version-not-normal"])
 def test_pin_files_are_type_checked(tmp_path, old, new, says):
     directory = tmp_path / "demo"
     directory.mkdir()
@@ -96,18 +102,51 @@ def test_lint_refuses_a_wrongly_typed_pin_file(project):
     ("vllm-adapter = ", "vllm-adapter = 1", "[tool.maxtext-rl-overlay.maxtext]: vllm-adapter must be a string"),
     ("find-links = ", 'find-links = "https://download.pytorch.org/whl/cpu/torch/"', "[tool.maxtext-rl-overlay.torch]: find-links must be a list of strings"),
     ("overrides-file = ", "", "[tool.maxtext-rl-overlay.maxtext] lacks the key 'overrides-file'"),
-], ids=["revison", "overides-file", "find_links", "revision-bool", "revision-negative", "adapter-int", "find-links-string", "no-overrides-file"])
+    # [project]: what the build reads and writes of it, and the extra the MaxText table names there.
+    ('version = "0.1.0"', 'dynamic = ["version"]', "[project]: dynamic lists version, which the build reads and writes as static values"),
+    ('version = "0.1.0"', 'version = "next"', "[project]: version = 'next' is not a PEP 440 version"),
+    ("dependencies = ", 'dependencies = "packaging>=24"', "[project]: dependencies must be a list of strings, not 'packaging>=24'"),
+    ("dependencies = ", 'dependencies = ["packaging >>= 24"]', "[project]: dependencies holds 'packaging >>= 24', which is not a requirement (Expected"),
+    ("dependencies = ", "", "[project] lacks the key 'dependencies': the build adds the overlay builds to it"),
+    ("test = ", 'test = "pytest"', "[project.optional-dependencies]: test must be a list of strings, not 'pytest'"),
+    ("overrides-file = ", "{line}\nextra = 'maxtex'",
+     "[tool.maxtext-rl-overlay.maxtext]: extra = 'maxtex' names no extra of [project.optional-dependencies] (did you mean 'maxtext'?); "
+     "its extras: build, maxtext, test."),
+    ("maxtext = [", 'maxtext = ["maxtext[tpu-post-train]>=0.2.4"]', "the 'maxtext' extra must name one MaxText release and one of its extras exactly"),
+], ids=["revison", "overides-file", "find_links", "revision-bool", "revision-negative", "adapter-int", "find-links-string", "no-overrides-file",
+        "version-dynamic", "version-not-pep440", "dependencies-string", "dependency-invalid", "no-dependencies",
+        "extra-string", "extra-unknown", "extra-not-exact"])
 def test_the_project_table_is_checked(project, line, new, says):
     _edit(project / "pyproject.toml", line, new)
-    with pytest.raises(OverlayError, match=re.escape(says)):
+    with pytest.raises(OverlayError, match=re.escape(says)) as raised:
         load_project(project)
+    assert str(raised.value).startswith(str(project / "pyproject.toml")), raised.value
 
 
-def test_lint_checks_the_matrix_table_too(project):
-    _edit(project / "pyproject.toml", "axis-types = ", "axis_types = []")
+@pytest.mark.parametrize("pattern, new, says", [
+    (r"^axis-types = .*$", "axis_types = []", "[tool.maxtext-rl-overlay.matrix]: unknown key(s) 'axis_types' (did you mean 'axis-types'?)"),
+    (r"^\[tool\.maxtext-rl-overlay\.matrix\.quick\]\n(.*\n)*?\n", 'quick = "yes"\n\n',  # the table's lines, now a string in [matrix]
+     "[tool.maxtext-rl-overlay.matrix.quick] must be a table, not 'yes'"),
+    (r'^  \{ name = "py312".*$', '  { name = "py312", python = 3.10, install = "install" },',
+     "[tool.maxtext-rl-overlay.matrix] cell 'py312': python = 3.1 is a number (TOML reads 3.10 as 3.1): write the version as a string"),
+    (r'^  \{ name = "py312".*$', '  { name = "py312", python = "3", install = "install" },',
+     "[tool.maxtext-rl-overlay.matrix] cell 'py312': python = '3' must be a Python version such as \"3.12\""),
+    (r'^  \{ name = "py312".*$', '  { name = "py312", python = "3.12", install = "install", env = { X = 1 } },',
+     "[tool.maxtext-rl-overlay.matrix] cell 'py312': env must be a table of strings (NAME = \"value\"), not X = 1"),
+    (r'^  \{ name = "py312".*$', '  { name = "py312", python = "3.12", install = true },',
+     "[tool.maxtext-rl-overlay.matrix] cell 'py312': install must be a string, not True"),
+], ids=["typo", "quick-string", "python-number", "python-not-a-version", "env-int", "install-bool"])
+def test_lint_checks_the_matrix_table_too(project, pattern, new, says):
+    """The one part of the table that only test-matrix uses: lint reads it
+    as test-matrix does, and a wrong value (which TOML may have turned into
+    another: 3.10 is the number 3.1) is refused, not converted."""
+    pyproject = project / "pyproject.toml"
+    text, n = re.subn(pattern, lambda _: new, pyproject.read_text(), count=1, flags=re.M)
+    assert n == 1, pattern
+    pyproject.write_text(text)
     done = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "lint", "--project", str(project)], capture_output=True, text=True)
     assert done.returncode == 3, done.stderr
-    assert "[tool.maxtext-rl-overlay.matrix]: unknown key(s) 'axis_types' (did you mean 'axis-types'?)" in done.stderr
+    assert says in done.stderr and str(pyproject) in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_project_defaults():

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from maxtext_rl_overlay import gittree, patchfile
+from maxtext_rl_overlay import gittree, patchfile, publish
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
 
@@ -98,8 +98,15 @@ def test_constraints_pin_exactly_what_the_pins_and_revision_build():
     """constraints.txt is generated: its overlay lines must say what the pins
     and the overlay revision say now (regenerate it when they change). It is
     built from the real pins of google-tunix and tpu-inference; vLLM's pin and
-    the CPU torch are out of reach here, so their stand-ins must be labelled."""
+    the CPU torch are out of reach here, so their stand-ins must be labelled.
+    Its header records a digest of every input it was made from (the
+    overlay's own files, each pin and series): a change to any of them, such
+    as README.md, the overlay wheel's long description, makes it stale, and
+    the failure says the command that makes it again. (A rebase without
+    --build leaves this test out: rebase.fasttests.STALE_UNTIL_REBUILT.)"""
     text = (ROOT / "constraints.txt").read_text()
+    stale = publish.stale_constraints(text, PROJECT)
+    assert not stale, stale
     assert text.startswith("# maxtext-rl-overlay constraints: generated")
     assert "\n--find-links ./dist\n" in text
     for name in ("google-tunix", "tpu-inference"):
