@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -86,3 +87,47 @@ def test_clean_empties_the_cache_but_not_under_a_running_build(tmp_path):
 
 def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def _git(repo: pathlib.Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="u", GIT_AUTHOR_EMAIL="u@u", GIT_COMMITTER_NAME="u", GIT_COMMITTER_EMAIL="u@u",
+               GIT_AUTHOR_DATE="2026-07-27T09:44:06-07:00", GIT_COMMITTER_DATE="2026-07-27T09:44:06-07:00",
+               GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.parametrize("given", ["git", "tree"])
+def test_a_cached_source_tree_edited_in_the_cache_is_made_again(tmp_path, capsys, given):
+    """The cached tree is checked against its tree id whenever it is reused:
+    a file edited there must not go into the next wheel as the pin; from a
+    git repository (checked out file by file) and from a source tree (copied)."""
+    import dataclasses
+
+    from maxtext_rl_overlay import gittree, sources
+    from maxtext_rl_overlay.pins import load_project
+
+    repo = tmp_path / "upstream"
+    (repo / "tpu_inference").mkdir(parents=True)
+    (repo / "tpu_inference" / "__init__.py").write_text("PINNED = True\n")
+    (repo / "run.sh").write_text("#!/bin/sh\n")
+    (repo / "run.sh").chmod(0o755)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "upstream")
+    pin = dataclasses.replace(load_project(ROOT).pins["tpu-inference"], commit=_git(repo, "rev-parse", "HEAD"),
+                              tree=_git(repo, "rev-parse", "HEAD^{tree}"), date=_git(repo, "log", "-1", "--format=%cI"))
+    cache = tmp_path / "cache"
+    if given == "tree":
+        shutil.rmtree(repo / ".git")
+    first = sources.obtain(pin, str(repo), allow_unpinned=False, cache=cache)
+    assert first.from_pin and first.tree == pin.tree
+    assert sources.obtain(pin, str(repo), allow_unpinned=False, cache=cache).path == first.path
+    assert "making it again" not in capsys.readouterr().err, "an unchanged tree is reused"
+
+    (first.path / "tpu_inference" / "__init__.py").write_text("PINNED = False  # edited in the cache\n")
+    (first.path / "run.sh").chmod(0o644)
+    again = sources.obtain(pin, str(repo), allow_unpinned=False, cache=cache)
+    assert (again.path / "tpu_inference" / "__init__.py").read_text() == "PINNED = True\n"
+    assert (again.path / "run.sh").stat().st_mode & 0o100
+    assert gittree.tree_id(again.path, leave_out=sources.MARKER) == pin.tree
+    assert "is not the tree its marker records" in capsys.readouterr().err
