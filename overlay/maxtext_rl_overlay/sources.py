@@ -22,7 +22,7 @@ import zipfile
 
 from . import buildcache, gittree, options
 from .errors import OverlayError
-from .git import git, inside_package, tree_entries
+from .git import git, inside_package, reason, tree_entries
 from .git import out as gitout
 from .pins import Pin
 from .progress import step
@@ -260,12 +260,12 @@ def _fetch_pinned(pin: Pin, mirror: pathlib.Path, flag: str) -> None:
             try:
                 proc = git("fetch", "-q", "--depth=1", pin.repository, pin.commit, git_dir=mirror, check=False, timeout=FETCH_TIMEOUT)
                 failed = proc.returncode != 0
-                reason = str(proc.stderr).strip().splitlines()[-1:] or ["git fetch failed"]
+                why = reason(str(proc.stderr), "git fetch failed")
             except OverlayError:  # the timeout
-                failed, reason = True, [f"timed out after {FETCH_TIMEOUT} s"]
+                failed, why = True, f"timed out after {FETCH_TIMEOUT} s"
         if failed:
             raise OverlayError(
                 f"{pin.distribution}: cannot reach {pin.repository} to fetch the pinned commit {pin.commit} "
-                f"({reason[0]}). Pass {flag} with a local clone or mirror holding that commit, "
+                f"({why}). Pass {flag} with a local clone or mirror holding that commit, "
                 "or a source tree of it."
             )
