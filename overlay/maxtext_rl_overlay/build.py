@@ -81,7 +81,7 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
                 entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
             not_built = [p for p in project.pins if p not in entries]
             if not_built:
-                step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` will say the stack does not import")
+                step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them")
             adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
             record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter))
             overlay_wheel = _build_overlay(project, record, adapter, staging, opts.python, cache)
