@@ -58,6 +58,10 @@ def build(opts: BuildOptions) -> BuildResult:
     unknown = sorted(set(opts.sources) - set(project.pins))
     if unknown:
         raise OverlayError(f"--source: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(project.pins)}.")
+    unused = [name for name in opts.sources if name not in {pin.distribution for pin in chosen}]
+    if unused:  # the user meant to build it, or gave the wrong name: either way not to be ignored
+        raise OverlayError(f"--source {unused[0]}={opts.sources[unused[0]]}: --only {','.join(opts.only or [])} leaves {', '.join(unused)} "
+                           f"out, so the source would not be used. Add {', '.join(unused)} to --only, or drop the --source.")
     base = publish.base_url(opts.base_url) if opts.base_url else None
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
