@@ -131,3 +131,40 @@ def test_a_cached_source_tree_edited_in_the_cache_is_made_again(tmp_path, capsys
     assert (again.path / "run.sh").stat().st_mode & 0o100
     assert gittree.tree_id(again.path, leave_out=sources.MARKER) == pin.tree
     assert "is not the tree its marker records" in capsys.readouterr().err
+
+
+def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
+    """vLLM's wheel (built in a build environment: it compiles) is keyed by
+    the compilers it finds, so a warm rebuild after a compiler upgrade
+    compiles again, as a cold one would; a pure-Python wheel's key is not."""
+    from maxtext_rl_overlay import wheels
+
+    monkeypatch.setattr(buildcache, "_uv_version", lambda: "uv 0.0.0 (fake)")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def compilers(version: str) -> None:
+        for name in ("cc", "c++", "gcc-13"):
+            (bin_dir / name).write_text(f"#!/bin/sh\necho '{name} (fake) {version}'\n")
+            (bin_dir / name).chmod(0o755)
+        buildcache._compiler.cache_clear()  # a new run of the tool
+
+    build_env = buildenv.BuildEnv(tmp_path / "buildenv" / "k", pathlib.Path(sys.executable), {"PATH": str(bin_dir)}, "2.11.0", "")
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+
+    def key(with_env: buildenv.BuildEnv | None = build_env) -> str:
+        return buildcache.key(wheels._wheel_inputs(tree, {}, "0", sys.executable, with_env))
+
+    compilers("12.2.0")
+    before, pure = key(), key(None)
+    assert key() == before, "the same compilers, the same key"
+    compilers("13.1.0")
+    assert key() != before, "an upgraded cc/c++ must not reuse the wheel it did not compile"
+    assert key(None) == pure, "a pure-Python wheel does not depend on the compiler"
+    upgraded = key()
+    monkeypatch.setenv("CC", "gcc-13")
+    assert key() != upgraded, "CC names the compiler the build uses"
