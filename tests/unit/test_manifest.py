@@ -28,8 +28,9 @@ def _record(built_against: manifest.BuiltAgainst | None) -> manifest.Manifest:
 
 
 @pytest.mark.parametrize("built_against", [None, manifest.BuiltAgainst("2.11.0", "13.0")])
-def test_json_round_trip_is_exact(built_against):
-    record = _record(built_against)
+@pytest.mark.parametrize("project", [None, manifest.ProjectRecord("f" * 40, ("README.md",))], ids=["no-git", "commit"])
+def test_json_round_trip_is_exact(built_against, project):
+    record = dataclasses.replace(_record(built_against), project=project)
     text = record.dumps()
     assert manifest.Manifest.loads(text) == record
     assert manifest.Manifest.loads(text).dumps() == text
