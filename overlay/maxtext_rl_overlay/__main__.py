@@ -50,8 +50,8 @@ exit status:
   {ExitCode.USAGE:<3}  the command line was wrong
   {ExitCode.ERROR:<3}  the command could not do its work (the message says why and what to do)
   {ExitCode.INTERNAL:<3}  an unexpected error: a bug in the tool, please report it (-v shows the traceback)
-  {ExitCode.INTERRUPTED:<3}  interrupted (SIGINT, SIGTERM): the programs it ran stopped, staging folders
-       removed, nothing published (or, once publishing had begun, all of it: the message says which)
+  {ExitCode.INTERRUPTED:<3}  interrupted (SIGINT, SIGTERM, SIGHUP, SIGQUIT): the programs it ran stopped, staging
+       folders removed, nothing published (or, once publishing had begun, all of it: the message says which)
 """
 
 

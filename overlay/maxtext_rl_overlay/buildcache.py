@@ -33,11 +33,12 @@ import hashlib
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import sys
 import tempfile
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import resources
 from typing import Any
 
@@ -99,6 +100,26 @@ def uv_identity(python: str) -> dict[str, Any]:
         "uv_environment": {k: _sha(v) for k, v in sorted(os.environ.items()) if k.startswith("UV_") and k not in _UV_NEUTRAL},
         "uv_config": _uv_config(),
     }
+
+
+def compiler_identity(env: Mapping[str, str]) -> dict[str, str]:
+    """The C and C++ compilers a build with `env` (its whole environment)
+    compiles with: CC and CXX, else the cc and c++ on its PATH (CMake's and
+    setuptools' first choices), each as the file it is and what its
+    --version says. After a compiler upgrade a kept compiled wheel is a miss,
+    as a cold build would compile with the new one."""
+    path = env.get("PATH", "")
+    return {var: _compiler(env.get(var) or default, path) for var, default in (("CC", "cc"), ("CXX", "c++"))}
+
+
+@functools.cache
+def _compiler(command: str, path: str) -> str:
+    words = shlex.split(command)
+    found = shutil.which(words[0], path=path) if words else None
+    if found is None:
+        return f"{command}: not found"
+    done = proc.run([found, *words[1:], "--version"], check=False, what=f"reading the version of the compiler {command}")
+    return f"{command} ({os.path.realpath(found)}), exit {done.returncode}: {str(done.stdout).strip()}"
 
 
 def _sha(text: str) -> str:

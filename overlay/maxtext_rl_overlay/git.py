@@ -44,6 +44,15 @@ def git(*args: str, cwd: pathlib.Path | None = None, git_dir: pathlib.Path | Non
                     what=what or f"git {' '.join(args[:2])}" + (f" in {where}" if where else ""), timeout=timeout)
 
 
+def reason(stderr: str, default: str) -> str:
+    """Why git failed, in one line: its first fatal: or error: line (what
+    follows is advice, such as "Please make sure you have the correct access
+    rights"), else its last line, else `default`."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    return (said or lines or [default])[0 if said else -1]
+
+
 def out(*args: str, **kw: Any) -> str:
     """git's stdout, stripped: for the commands that answer with one value."""
     return str(git(*args, **kw).stdout).strip()

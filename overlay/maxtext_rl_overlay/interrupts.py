@@ -1,8 +1,10 @@
-"""SIGINT and SIGTERM: one way out, and never lost.
+"""SIGINT, SIGTERM, SIGHUP and SIGQUIT: one way out, and never lost.
 
-`installed` (around the command's whole run) makes both signals raise
-KeyboardInterrupt in the main thread, so that a terminated run cleans up like
-an interrupted one, and records that a signal came. The record matters
+`installed` (around the command's whole run) makes each of them raise
+KeyboardInterrupt in the main thread, so that a terminated run, or one whose
+terminal or SSH connection dropped (SIGHUP), cleans up like an interrupted
+one, and records that a signal came. A signal the tool was started with
+ignored stays ignored: under `nohup` a hang-up does not stop the build. The record matters
 because Python runs a signal handler between any two bytecodes of the main
 thread, a finaliser's included, and an exception raised in a finaliser is
 printed and dropped: the points where a lost signal would do harm (before a
@@ -19,26 +21,34 @@ nor half of each)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import types
 from collections.abc import Iterator
 
+#: The signals that stop a run, each the same way (the command then exits 130).
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: The signal that came, if one did (the first one).
 _pending: int | None = None
 #: How many `held` blocks the main thread is in.
 _holding = 0
 #: Whether a `publication` has ended: what an interrupt from then on leaves.
 _published = False
+#: Which of stdout and stderr were a terminal when the run began.
+_terminal: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
 def installed() -> Iterator[None]:
-    """The handlers of SIGINT and SIGTERM for the block (the command's whole
-    run), with no signal recorded; after it, the previous handlers again,
-    and the record forgotten."""
-    global _pending, _published
+    """The handlers of SIGNALS for the block (the command's whole run), with
+    no signal recorded; after it, the previous handlers again, and the
+    record forgotten. A signal ignored when the block begins (nohup's
+    SIGHUP, a background job's SIGINT) is left ignored."""
+    global _pending, _published, _terminal
     _pending, _published = None, False
-    previous = {sig: signal.signal(sig, _handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Asked now: once the terminal has hung up, isatty says no.
+    _terminal = tuple(fd for fd in (1, 2) if os.isatty(fd))
+    previous = {sig: signal.signal(sig, _handler) for sig in SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         yield
     finally:
@@ -49,10 +59,27 @@ def installed() -> Iterator[None]:
 
 def _handler(signum: int, frame: types.FrameType | None) -> None:
     global _pending
+    if signum == signal.SIGHUP:
+        _leave_the_terminal()
     if _pending is None:
         _pending = signum
     if _holding == 0:
         raise KeyboardInterrupt
+
+
+def _leave_the_terminal() -> None:
+    """After a hang-up every write to the terminal fails (EIO), and an
+    error printing a progress line would cut the cleanup short, or turn the
+    exit status into Python's 120: what went to the terminal goes to
+    /dev/null from now on (no one is left to read it)."""
+    if not _terminal:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in _terminal:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def published() -> bool:

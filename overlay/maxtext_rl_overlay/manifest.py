@@ -107,12 +107,24 @@ class EnvironmentRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class ProjectRecord:
+    """The project commit the overlay's own wheel was made from: the newest
+    one that changed a file of it (not HEAD: a commit changing none of them,
+    such as the one committing a regenerated constraints.txt, must not
+    change the wheel), and the files that differed from it (uncommitted)."""
+
+    commit: str
+    dirty: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Manifest:
     overlay_version: str
     revision: int
     distributions: dict[str, Distribution]
     not_built: tuple[str, ...]
     environment: EnvironmentRecord
+    project: ProjectRecord | None = None  # None: made without git (a copy of the files), or the commit could not be told
 
     def dumps(self) -> str:
         doc = {
@@ -121,6 +133,7 @@ class Manifest:
             "distributions": {name: _plain(d) for name, d in self.distributions.items()},
             "not_built": sorted(self.not_built),
             "environment": _plain(self.environment),
+            "project": _plain(self.project) if self.project else None,
         }
         return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
@@ -137,6 +150,7 @@ class Manifest:
         try:
             env = doc["environment"]
             adapter = env.get("maxtext_vllm_adapter")
+            project = doc.get("project")
             return cls(
                 overlay_version=doc["overlay"]["version"],
                 revision=doc["overlay"]["revision"],
@@ -146,6 +160,7 @@ class Manifest:
                     env["maxtext"], env["extra"], TorchRecord(**env["torch"]),
                     Adapter(adapter["name"], adapter["version"], WheelFile(**adapter["wheel"]), adapter["source"]) if adapter else None,
                 ),
+                project=ProjectRecord(project["commit"], tuple(project["dirty"])) if project else None,
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise OverlayError(f"the installed manifest is damaged ({type(exc).__name__}: {exc}); reinstall maxtext-rl-overlay.") from None

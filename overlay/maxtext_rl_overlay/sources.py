@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
+import json
 import os
 import pathlib
 import shutil
@@ -21,7 +22,7 @@ import zipfile
 
 from . import buildcache, gittree, options
 from .errors import OverlayError
-from .git import git, inside_package, tree_entries
+from .git import git, inside_package, reason, tree_entries
 from .git import out as gitout
 from .pins import Pin
 from .progress import step
@@ -31,7 +32,7 @@ from .staging import scratch_dir, staged_dir
 @dataclasses.dataclass(frozen=True)
 class Source:
     distribution: str
-    path: pathlib.Path  # a cached, read-only tree: copy before changing it
+    path: pathlib.Path  # a cached tree, checked by its tree id on reuse: copy before changing it
     tree: str  # its git tree id
     commit: str | None  # None for a tree that came without git history
     from_pin: bool
@@ -81,6 +82,40 @@ def _cached(cache: pathlib.Path, pin: Pin, tree: str) -> pathlib.Path:
     return cache / "sources" / f"{pin.distribution}-{tree}"
 
 
+#: The marker of a whole cached tree, written into it last: JSON with the git
+#: tree id of the files as written (the pinned tree, less any file the
+#: repository lacked), the commit, and the files left out.
+MARKER = ".complete"
+
+
+def _mark(tmp: pathlib.Path, **record: object) -> None:
+    (tmp / MARKER).write_text(json.dumps(dict(record, tree=gittree.tree_id(tmp, leave_out=MARKER)), sort_keys=True))
+
+
+def _reusable(target: pathlib.Path, who: str) -> bool:
+    """Whether `target` holds a whole cached tree that is still the tree it
+    was made as (its files' tree id recomputed, against its marker's: a file
+    edited in the cache would otherwise go into the next wheel, labelled as
+    the pin). Anything else there (an incomplete or altered tree, one an
+    older tool made) is removed, to be made again; the caller holds the
+    entry's lock, so no other build is making it."""
+    if not target.exists():
+        return False
+    try:
+        recorded = json.loads((target / MARKER).read_text())["tree"]
+    except FileNotFoundError:
+        recorded = None
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = ""
+    if recorded and gittree.tree_id(target, leave_out=MARKER) == recorded:
+        return True
+    if recorded is not None:
+        step.note(who, f"the cached source tree {target} is not the tree its marker records (changed in the cache, or kept by an "
+                       "older version of the tool): making it again")
+    shutil.rmtree(target, ignore_errors=True)
+    return False
+
+
 def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str) -> Source:
     if shutil.which("git") is None:
         raise OverlayError(f"{pin.distribution}: {origin} is a git repository but git is not installed.")
@@ -102,11 +137,9 @@ def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str)
         raise OverlayError(f"{pin.distribution}: commit {pin.commit} is dated {date}, but {pin.pin_file} says {pin.date}; fix the pin.")
     target = _cached(cache, pin, tree)
     with buildcache.locked(target, who=pin.distribution):
-        if not (target / ".complete").exists():
+        if not _reusable(target, pin.distribution):
             with step(pin.distribution, f"checking out {pin.commit[:12]} from {origin}"):
                 _materialize(git_dir, pin, target)
-    # .complete holds the commit, then one line per file the repository lacked
-    # (said when the tree was checked out).
     return Source(pin.distribution, target, tree, pin.commit, True, origin, None, date)
 
 
@@ -148,7 +181,7 @@ def _materialize(git_dir: pathlib.Path, pin: Pin, target: pathlib.Path) -> None:
                 f"{pin.distribution}: the repository lacks files of the package itself: {', '.join(inside)}. "
                 "Use a complete clone as --source."
             )
-        (tmp / ".complete").write_text("\n".join([pin.commit] + absent))
+        _mark(tmp, commit=pin.commit, absent=absent)
     if absent:
         step.note(pin.distribution, f"{len(absent)} file(s) outside the package are absent from the repository and left out: {', '.join(absent)}")
 
@@ -172,11 +205,10 @@ def _from_tree(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpin
         )
     target = _cached(cache, pin, tree)
     with buildcache.locked(target, who=pin.distribution):
-        if not (target / ".complete").exists():
-            shutil.rmtree(target, ignore_errors=True)  # an incomplete one: nobody else is making it (the lock)
+        if not _reusable(target, pin.distribution):
             with staged_dir(target) as tmp:
                 shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
-                (tmp / ".complete").write_text("")
+                _mark(tmp)
     if not from_pin:
         step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version or '?'}): wheels will be labelled unpinned")
     return Source(pin.distribution, target, tree, None, from_pin, origin, version)
@@ -228,12 +260,12 @@ def _fetch_pinned(pin: Pin, mirror: pathlib.Path, flag: str) -> None:
             try:
                 proc = git("fetch", "-q", "--depth=1", pin.repository, pin.commit, git_dir=mirror, check=False, timeout=FETCH_TIMEOUT)
                 failed = proc.returncode != 0
-                reason = str(proc.stderr).strip().splitlines()[-1:] or ["git fetch failed"]
+                why = reason(str(proc.stderr), "git fetch failed")
             except OverlayError:  # the timeout
-                failed, reason = True, [f"timed out after {FETCH_TIMEOUT} s"]
+                failed, why = True, f"timed out after {FETCH_TIMEOUT} s"
         if failed:
             raise OverlayError(
                 f"{pin.distribution}: cannot reach {pin.repository} to fetch the pinned commit {pin.commit} "
-                f"({reason[0]}). Pass {flag} with a local clone or mirror holding that commit, "
+                f"({why}). Pass {flag} with a local clone or mirror holding that commit, "
                 "or a source tree of it."
             )

@@ -105,8 +105,18 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False) -> list[
             if found == sha and recorded != sha:
                 found = f"{found[:12]} (RECORD says {recorded[:12] if recorded else 'nothing'}: not installed from the overlay wheel)"
             findings.append(Finding(name, relpath, sha, found, ok))
+    for name in sorted(doc.not_built):
+        # The release was built without it (build --only): whatever is
+        # installed under that name carries none of the overlay's fixes.
+        installed = _version(name)
+        found = NOT_BUILT + ("" if installed == "not installed" else f"; installed: {installed}, not an overlay build")
+        findings.append(Finding(name, "built", "an overlay build", found, False))
     findings += check_environment(doc, require_pinned=require_pinned)
     return findings
+
+
+#: What `check` finds for a distribution the release was built without.
+NOT_BUILT = "NOT BUILT into this release (build --only left it out)"
 
 
 def check_environment(doc: Manifest, *, require_pinned: bool = False) -> list[Finding]:
@@ -219,6 +229,13 @@ def explain(findings: list[Finding], doc: Manifest) -> list[str]:
             "(it installs the upstreams from GitHub with --no-deps): the overlay replaces that step, so do not run it."
         )
         lines.append(f"Restore the overlay with (the constraints file you installed from): {restore_command(doc)}")
+    left_out = [f.distribution for f in findings if f.found.startswith(NOT_BUILT)]
+    if left_out:
+        lines.append(
+            f"This release was built without {', '.join(left_out)} (build --only): it is not the whole stack, and an install "
+            "from it cannot have the overlay's fixes there. Install a release built with every distribution "
+            "(scripts/build-wheels.sh without --only)."
+        )
     failed = [f for f in findings if f.what.startswith("import ") and not f.ok]
     if failed:
         lines.append(f"The stack does not import: {failed[0].what} failed with {failed[0].found}.")

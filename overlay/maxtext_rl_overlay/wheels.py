@@ -170,8 +170,10 @@ def check_licences(tree: pathlib.Path, wheel: pathlib.Path, who: str) -> None:
 def _wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: str, build_env: BuildEnv | None) -> dict[str, Any]:
     """Everything a wheel's bytes depend on. The tree by its git tree id (so,
     after our edits to it); a build environment by its cache key (the hash of
-    what it holds), its torch and CUDA; the compiler and linker flags the
-    user set; the tool itself, which sets the rest."""
+    what it holds), its torch and CUDA, and the compilers the build finds
+    there (the wheels built in one compile: vLLM's); the compiler and linker
+    flags the user set; the tool itself, which sets the rest."""
+    compiler = None if build_env is None else buildcache.compiler_identity(dict(os.environ, **build_env.env, **env))
     return {
         "format": WHEEL_CACHE_FORMAT,
         "tree": gittree.tree_id(tree),
@@ -179,6 +181,7 @@ def _wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: s
         "epoch": epoch,
         "flags": {var: os.environ.get(var, "") for var in ("CFLAGS", "CXXFLAGS", "LDFLAGS")},
         "build_env": None if build_env is None else {"key": build_env.root.name, "torch": build_env.torch, "cuda": build_env.cuda},
+        "compiler": compiler,
         "build_constraints": hashlib.sha256(BUILD_CONSTRAINTS.read_bytes()).hexdigest(),
         "uv": buildcache.uv_identity(python if build_env is None else str(build_env.python)),
         "tool": buildcache.tool_digest(),

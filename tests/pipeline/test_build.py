@@ -21,6 +21,7 @@ from maxtext_rl_overlay import publish
 from support.pipeline import (
     ALL,
     PROJECT,
+    ROOT,
     build_standins,
     git_repo_of,
     run_tool,
@@ -185,18 +186,19 @@ def test_install_with_constraints_then_verify(built, tmp_path):
         shutil.rmtree(venv, ignore_errors=True)
 
 
-def test_reproducible_and_engines_agree(built, tmp_path, standin, project):
+def test_reproducible_and_engines_agree(built, tmp_path, standin):
     """Same pins -> byte-identical wheels: a second build with a cold cache (a
     new vLLM build environment too) in another folder, and a build with the
     patch-ng engine (no git), give the same sha256, vLLM's compiled
-    extensions included."""
+    extensions included. From the same checkout as `built`: the overlay's
+    own wheel records the project commit it was made from."""
     out, _ = built
-    again = build_standins(project, tmp_path / "a" / "dist", standin, tmp_path / "cold-cache", only=ALL)
+    again = build_standins(ROOT, tmp_path / "a" / "dist", standin, tmp_path / "cold-cache", only=ALL)
     assert again.returncode == 0, again.stderr
     assert _sums(tmp_path / "a" / "dist") == _sums(out)
     for page in ["index.html", *(p.relative_to(out) for p in (out / "simple").rglob("index.html"))]:
         assert (tmp_path / "a" / "dist" / page).read_bytes() == (out / page).read_bytes(), page
-    ng = build_standins(project, tmp_path / "b" / "dist", standin, tmp_path / "cold-cache", "--engine", "patch-ng", only=ALL)
+    ng = build_standins(ROOT, tmp_path / "b" / "dist", standin, tmp_path / "cold-cache", "--engine", "patch-ng", only=ALL)
     assert ng.returncode == 0, ng.stderr
     assert "(patch-ng)" in ng.stderr
     # Kept wheels are found by their tree's git id: patch-ng made the very trees git am made.

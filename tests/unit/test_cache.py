@@ -173,3 +173,84 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _git(repo: pathlib.Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_NAME="u", GIT_AUTHOR_EMAIL="u@u", GIT_COMMITTER_NAME="u", GIT_COMMITTER_EMAIL="u@u",
+               GIT_AUTHOR_DATE="2026-07-27T09:44:06-07:00", GIT_COMMITTER_DATE="2026-07-27T09:44:06-07:00",
+               GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.parametrize("given", ["git", "tree"])
+def test_a_cached_source_tree_edited_in_the_cache_is_made_again(tmp_path, capsys, given):
+    """The cached tree is checked against its tree id whenever it is reused:
+    a file edited there must not go into the next wheel as the pin; from a
+    git repository (checked out file by file) and from a source tree (copied)."""
+    import dataclasses
+
+    from maxtext_rl_overlay import gittree, sources
+    from maxtext_rl_overlay.pins import load_project
+
+    repo = tmp_path / "upstream"
+    (repo / "tpu_inference").mkdir(parents=True)
+    (repo / "tpu_inference" / "__init__.py").write_text("PINNED = True\n")
+    (repo / "run.sh").write_text("#!/bin/sh\n")
+    (repo / "run.sh").chmod(0o755)
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "upstream")
+    pin = dataclasses.replace(load_project(ROOT).pins["tpu-inference"], commit=_git(repo, "rev-parse", "HEAD"),
+                              tree=_git(repo, "rev-parse", "HEAD^{tree}"), date=_git(repo, "log", "-1", "--format=%cI"))
+    cache = tmp_path / "cache"
+    if given == "tree":
+        shutil.rmtree(repo / ".git")
+    first = sources.obtain(pin, str(repo), allow_unpinned=False, cache=cache)
+    assert first.from_pin and first.tree == pin.tree
+    assert sources.obtain(pin, str(repo), allow_unpinned=False, cache=cache).path == first.path
+    assert "making it again" not in capsys.readouterr().err, "an unchanged tree is reused"
+
+    (first.path / "tpu_inference" / "__init__.py").write_text("PINNED = False  # edited in the cache\n")
+    (first.path / "run.sh").chmod(0o644)
+    again = sources.obtain(pin, str(repo), allow_unpinned=False, cache=cache)
+    assert (again.path / "tpu_inference" / "__init__.py").read_text() == "PINNED = True\n"
+    assert (again.path / "run.sh").stat().st_mode & 0o100
+    assert gittree.tree_id(again.path, leave_out=sources.MARKER) == pin.tree
+    assert "is not the tree its marker records" in capsys.readouterr().err
+
+
+def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
+    """vLLM's wheel (built in a build environment: it compiles) is keyed by
+    the compilers it finds, so a warm rebuild after a compiler upgrade
+    compiles again, as a cold one would; a pure-Python wheel's key is not."""
+    from maxtext_rl_overlay import wheels
+
+    monkeypatch.setattr(buildcache, "_uv_version", lambda: "uv 0.0.0 (fake)")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "setup.py").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def compilers(version: str) -> None:
+        for name in ("cc", "c++", "gcc-13"):
+            (bin_dir / name).write_text(f"#!/bin/sh\necho '{name} (fake) {version}'\n")
+            (bin_dir / name).chmod(0o755)
+        buildcache._compiler.cache_clear()  # a new run of the tool
+
+    build_env = buildenv.BuildEnv(tmp_path / "buildenv" / "k", pathlib.Path(sys.executable), {"PATH": str(bin_dir)}, "2.11.0", "")
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+
+    def key(with_env: buildenv.BuildEnv | None = build_env) -> str:
+        return buildcache.key(wheels._wheel_inputs(tree, {}, "0", sys.executable, with_env))
+
+    compilers("12.2.0")
+    before, pure = key(), key(None)
+    assert key() == before, "the same compilers, the same key"
+    compilers("13.1.0")
+    assert key() != before, "an upgraded cc/c++ must not reuse the wheel it did not compile"
+    assert key(None) == pure, "a pure-Python wheel does not depend on the compiler"
+    upgraded = key()
+    monkeypatch.setenv("CC", "gcc-13")
+    assert key() != upgraded, "CC names the compiler the build uses"

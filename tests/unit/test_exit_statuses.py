@@ -149,6 +149,16 @@ def test_a_bad_matrix_table_is_refused_by_lint_and_test_matrix(project, tmp_path
         assert str(project / "pyproject.toml") in line and says in line, line
 
 
+def test_a_source_for_a_distribution_only_leaves_out(project, tmp_path):
+    """It would be ignored in silence: the user meant to build it, or named the wrong one."""
+    done = _cli("build", "--only", "google-tunix", "--source", f"vllm={tmp_path}", "--project", str(project),
+                env={"MRL_CACHE_DIR": str(tmp_path / "cache"), "UV_DEFAULT_INDEX": "http://127.0.0.1:9"})  # no index: fail fast if it went on
+    assert done.returncode == cli.ExitCode.ERROR
+    (line,) = _error_lines(done)
+    assert f"--source vllm={tmp_path}: --only google-tunix leaves vllm out, so the source would not be used" in line, line
+    assert not (tmp_path / "cache").exists(), "refused before any work"
+
+
 @pytest.fixture
 def index_without_the_file(tmp_path):
     """A package index (HTTP, 127.0.0.1) whose file list names a MaxText

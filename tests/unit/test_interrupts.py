@@ -188,3 +188,183 @@ def test_a_publication_is_whole_and_an_interrupt_before_it_publishes_nothing(tmp
             publishing.begin()
             published.write_text("should not be")
         assert published.read_text() == "whole" and not interrupts.published()
+
+
+# -- the command itself, stopped in the middle of a build --------------------
+
+#: uv, as far as a build that is stopped in its wheel build needs it: its
+#: version, and a `uv build` that starts a helper of its own (as uv starts a
+#: build backend) and never ends.
+HANGING_UV = """#!/bin/sh
+if [ "$1" = "--version" ]; then echo "uv 0.0.0 (fake)"; exit 0; fi
+sh -c 'echo $$ > "$HANGING_UV_DIR/helper.pid"; exec sleep 600' &
+echo $$ > "$HANGING_UV_DIR/uv.pid"
+wait
+"""
+
+
+def _maxtext_release(folder: pathlib.Path) -> pathlib.Path:
+    """A stand-in for the MaxText 0.2.4 wheel: what the build reads of it
+    (its torch pins, its overrides file, its vLLM plugin folder, a licence)."""
+    import zipfile
+
+    wheel = folder / "maxtext-0.2.4-py3-none-any.whl"
+    info = "maxtext-0.2.4.dist-info"
+    meta = ("Metadata-Version: 2.1\nName: maxtext\nVersion: 0.2.4\nProvides-Extra: tpu-post-train\n"
+            'Requires-Dist: torch==2.11.0+cpu; extra == "tpu-post-train"\n'
+            'Requires-Dist: torchvision==0.26.0+cpu; extra == "tpu-post-train"\n')
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(f"{info}/METADATA", meta)
+        zf.writestr(f"{info}/licenses/LICENSE", "Apache-2.0\n")
+        zf.writestr("dependencies/extra_deps/tpu_post_train_overrides.txt", "jax==0.11.0\n")
+        zf.writestr("maxtext/integration/vllm/setup.py", "from setuptools import setup\nsetup(name='maxtext-vllm-adapter')\n")
+    return wheel
+
+
+def _stop_leftovers(top: pathlib.Path) -> None:
+    """Kill what a failed test left running (by the pids the fake uv wrote)."""
+    for name in ("uv.pid", "helper.pid"):
+        if (top / name).exists() and _running(pid := int((top / name).read_text())):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def stalled_build(tmp_path):
+    """The arguments and environment of a real `build --only google-tunix`
+    that stops in `uv build` for good: the MaxText release from a package
+    index on 127.0.0.1, Tunix from a small tree (the project copy's series
+    emptied), uv a fake that hangs."""
+    import hashlib
+    import http.server
+    import json
+
+    from unit.unit_support import uv_offline_env
+
+    served = tmp_path / "index"
+    (served / "maxtext").mkdir(parents=True)
+    wheel = _maxtext_release(served)
+    listing = {"files": [{"filename": wheel.name, "url": f"../{wheel.name}", "hashes": {"sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}}]}
+    (served / "maxtext" / "index.html").write_text(json.dumps(listing))
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(served), **kw)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(root / name, project / name)
+    shutil.copytree(root / "patches", project / "patches")
+    tunix = project / "patches" / "google-tunix"
+    for patch in tunix.glob("*.patch"):
+        patch.unlink()
+    (tunix / "series").write_text("")
+    tree = tmp_path / "tunix"
+    (tree / "tunix").mkdir(parents=True)
+    (tree / "tunix" / "__init__.py").write_text("")
+    (tree / "pyproject.toml").write_text('[project]\nname = "google-tunix"\nversion = "0.1.8"\ndependencies = [\n  "jax>=0.6.0",\n]\n')
+
+    bin_dir, tmp = tmp_path / "bin", tmp_path / "tmp"
+    bin_dir.mkdir()
+    tmp.mkdir()
+    (bin_dir / "uv").write_text(HANGING_UV)
+    (bin_dir / "uv").chmod(0o755)
+    out = tmp_path / "rel" / "dist"
+    env = dict(uv_offline_env(tmp_path), UV_DEFAULT_INDEX=f"http://127.0.0.1:{server.server_address[1]}", MRL_CACHE_DIR=str(tmp_path / "cache"),
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HANGING_UV_DIR=str(tmp_path), TMPDIR=str(tmp), PYTHONPATH=str(root / "overlay"))
+    args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--project", str(project), "--only", "google-tunix", "--unpinned", "--torch-standin",
+            "--source", f"google-tunix={tree}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
+    yield args, env, tmp_path
+    server.shutdown()
+    _stop_leftovers(tmp_path)
+
+
+def _wait_for(path: pathlib.Path, tool: subprocess.Popen, master: int | None = None) -> bytes:
+    """Wait until `path` exists (reading the tool's terminal meanwhile); what the terminal showed."""
+    import select
+
+    shown, deadline = b"", time.monotonic() + 120
+    while not path.exists():
+        assert tool.poll() is None and time.monotonic() < deadline, shown.decode(errors="replace")
+        if master is not None and select.select([master], [], [], 0.05)[0]:
+            shown += _read_some(master)
+        else:
+            time.sleep(0.05)
+    return shown
+
+
+def _read_some(master: int) -> bytes:
+    try:
+        return os.read(master, 65536)
+    except OSError:  # EIO: every writer has closed the terminal
+        return b""
+
+
+def _read_to_end(master: int) -> bytes:
+    shown = b""
+    while chunk := _read_some(master):
+        shown += chunk
+    return shown
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT], ids=lambda s: s.name)
+def test_a_hang_up_or_quit_stops_a_build_as_an_interrupt_does(stalled_build, sig):
+    """The issue's case: the terminal (or SSH connection) the build runs in
+    drops. The kernel hangs the terminal up (every write to it fails from then
+    on) and sends SIGHUP; Ctrl-\\ sends SIGQUIT. Either way the build stops
+    like an interrupted one: status 130, uv and its helper stopped, no staging
+    or scratch folder left."""
+    import pty
+
+    args, env, top = stalled_build
+    master, terminal = pty.openpty()
+    tool = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env, start_new_session=True)
+    os.close(terminal)
+    try:
+        shown = _wait_for(top / "helper.pid", tool, master)
+        if sig == signal.SIGHUP:
+            os.close(master)  # the terminal is gone
+            master = None
+        tool.send_signal(sig)
+        code = tool.wait(timeout=60)
+        if master is not None:
+            shown += _read_to_end(master)
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+        if master is not None:
+            os.close(master)
+    said = shown.decode(errors="replace")
+    assert code == 130, said
+    if sig == signal.SIGQUIT:
+        assert "interrupted; nothing was published" in said, said
+    for name in ("uv.pid", "helper.pid"):
+        assert not _running(int((top / name).read_text())), f"{name[:-4]} outlived the {sig.name}"
+    left = [p.name for p in (top / "rel").iterdir()] if (top / "rel").exists() else []
+    assert not [n for n in left if ".partial-" in n], left
+    assert list((top / "tmp").iterdir()) == [], "scratch folders left behind"
+
+
+def test_a_build_started_with_hang_ups_ignored_keeps_running_through_one(stalled_build):
+    """nohup: the tool leaves an ignored SIGHUP ignored."""
+    args, env, top = stalled_build
+    tool = subprocess.Popen(["nohup", *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    try:
+        _wait_for(top / "helper.pid", tool)
+        tool.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        assert tool.poll() is None, "a hang-up stopped a build started under nohup"
+        tool.send_signal(signal.SIGTERM)
+        assert tool.wait(timeout=60) == 130
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+        tool.stderr.close()

@@ -3,6 +3,7 @@ and `verify` reads, on another machine, with another copy of this code."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -27,8 +28,9 @@ def _record(built_against: manifest.BuiltAgainst | None) -> manifest.Manifest:
 
 
 @pytest.mark.parametrize("built_against", [None, manifest.BuiltAgainst("2.11.0", "13.0")])
-def test_json_round_trip_is_exact(built_against):
-    record = _record(built_against)
+@pytest.mark.parametrize("project", [None, manifest.ProjectRecord("f" * 40, ("README.md",))], ids=["no-git", "commit"])
+def test_json_round_trip_is_exact(built_against, project):
+    record = dataclasses.replace(_record(built_against), project=project)
     text = record.dumps()
     assert manifest.Manifest.loads(text) == record
     assert manifest.Manifest.loads(text).dumps() == text
@@ -59,3 +61,17 @@ def test_verify_depends_on_the_format_alone():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module for a in n.names}
         assert imported <= {"manifest", "proc", "errors", "digest", "tables"}, (module, imported)
+
+
+def test_verify_fails_on_a_distribution_the_release_was_built_without():
+    """A release built with --only records what it left out (not_built);
+    verify says so, rather than passing or leaving it to a failed import."""
+    from maxtext_rl_overlay import verify
+
+    doc = _record(None)
+    assert doc.not_built == ("vllm",)
+    findings = verify.check(doc)
+    (left_out,) = [f for f in findings if f.distribution == "vllm"]
+    assert not left_out.ok and left_out.what == "built" and left_out.found.startswith("NOT BUILT into this release")
+    assert any("built without vllm (build --only)" in line for line in verify.explain(findings, doc))
+    assert "vllm" not in {f.distribution for f in verify.check(dataclasses.replace(doc, not_built=()))}

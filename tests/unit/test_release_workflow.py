@@ -71,6 +71,13 @@ def test_builds_every_pin_from_its_commit_with_the_published_base_url():
     assert "MRL_PAGES_URL" in base and ".github.io" in base
 
 
+def test_the_release_build_has_the_history_the_overlay_wheel_records():
+    """build.overlay_inputs records no commit in a shallow clone (actions/checkout's default)."""
+    (name,) = _jobs_running("scripts/build-wheels.sh")
+    (checkout,) = [s for s in _doc()["jobs"][name]["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+    assert checkout.get("with", {}).get("fetch-depth") == 0
+
+
 def test_matrix_tests_the_built_wheels_after_the_build():
     jobs = _doc()["jobs"]
     (build_job,) = _jobs_running("scripts/build-wheels.sh")

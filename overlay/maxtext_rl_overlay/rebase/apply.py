@@ -29,14 +29,17 @@ def apply_one(work: pathlib.Path, patch: pathlib.Path, entry: PatchEntry, old: s
             return entry.outcome
         entry.outcome, entry.commit = (Outcome.APPLIED_CLEANLY if clean else Outcome.APPLIED_3WAY), after
         return entry.outcome
-    unmerged = _unmerged(work)
+    unmerged = unmerged_files(work)
     if not unmerged and not _staged(work) and _in_am(work) and "already applied" in proc.stdout + proc.stderr:
         git("am", "--skip", cwd=work)  # the 3-way merge left nothing to change
         _dropped(entry, where_upstream(work, patch, old, new))
         return entry.outcome
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    # Without unmerged files the patch did not apply at all (no 3-way merge
+    # could be made): git's reasons are its error lines.
+    reasons = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
     entry.outcome = Outcome.CONFLICT
-    entry.detail = "; ".join(unmerged) if unmerged else " / ".join(lines[-4:])
+    entry.detail = "; ".join(unmerged) if unmerged else " / ".join(reasons or lines[-4:])
     return entry.outcome
 
 
@@ -44,7 +47,7 @@ def take_resolution(work: pathlib.Path, entry: PatchEntry, new_commit: str, patc
     """--continue at the conflicted `entry`: commit what the person resolved
     in `work`, or drop the patch when they resolved it to upstream's content."""
     if _in_am(work):
-        unmerged = _unmerged(work)
+        unmerged = unmerged_files(work)
         if unmerged:
             raise OverlayError(
                 f"{entry.name}: {len(unmerged)} file(s) in {work} are still unmerged: {', '.join(unmerged)}. "
@@ -89,7 +92,7 @@ def _dropped(entry: PatchEntry, where: str) -> None:
     entry.outcome, entry.detail = Outcome.DROPPED, where
 
 
-def _unmerged(work: pathlib.Path) -> list[str]:
+def unmerged_files(work: pathlib.Path) -> list[str]:
     return sorted(set(out("diff", "--name-only", "--diff-filter=U", cwd=work).splitlines()))
 
 

@@ -6,7 +6,7 @@ import pathlib
 import shutil
 from typing import NotRequired, TypedDict
 
-from .. import sources
+from .. import buildcache, sources
 from ..errors import OverlayError
 from ..git import git, out
 from ..pins import Pin, load_project
@@ -34,7 +34,13 @@ def find_base(opts: RebaseOptions) -> BaseFound:
     the commit found applies, its first-parent successor does not."""
     root = opts.project_root.resolve()
     pin = load_project(root).pins[opts.name]
-    git_dir, new_commit = upstream.resolve(pin, opts.new_ref, opts.source, opts.cache or sources.cache_root())
+    cache = opts.cache or sources.cache_root()
+    with buildcache.using(cache):  # its work clone borrows from the cache's repository, as a rebase's does
+        return _find_base(opts, root, pin, cache)
+
+
+def _find_base(opts: RebaseOptions, root: pathlib.Path, pin: Pin, cache: pathlib.Path) -> BaseFound:
+    git_dir, new_commit = upstream.resolve(pin, opts.new_ref, opts.source, cache)
     if not upstream.has_commit(git_dir, pin.commit):
         raise OverlayError(f"{opts.name}: the upstream repository lacks the pin {pin.commit} ({pin.pin_file}); --find-base needs it.")
     chain = out("rev-list", "--first-parent", "--reverse", f"{pin.commit}..{new_commit}", git_dir=git_dir).split()

@@ -11,10 +11,10 @@ import shlex
 import shutil
 import time
 
-from .. import patchfile, sources
+from .. import buildcache, patchfile, sources
 from ..errors import OverlayError
 from ..git import git
-from ..pins import DISTRIBUTIONS, load_project
+from ..pins import DISTRIBUTIONS, Pin, load_project
 from ..progress import step
 from . import apply, export, state, upstream
 from .fasttests import run_fast_tests
@@ -39,6 +39,14 @@ def start(opts: RebaseOptions) -> Report:
     pin = load_project(root).pins[opts.name]
     patches = [patchfile.parse(p) for p in pin.series]
     cache = opts.cache or sources.cache_root()
+    # A rebase holds the cache as a build does: `clean` waits until it is
+    # done, and a stopped one stands alone (see _run).
+    with buildcache.using(cache):
+        return _start(opts, root, paths, pin, patches, cache, began)
+
+
+def _start(opts: RebaseOptions, root: pathlib.Path, paths: Paths, pin: Pin, patches: list[patchfile.PatchFile], cache: pathlib.Path,
+           began: float) -> Report:
     git_dir, new_commit = upstream.resolve(pin, opts.new_ref, opts.source, cache)
     notes = []
     if not upstream.has_commit(git_dir, pin.commit):
@@ -73,10 +81,11 @@ def resume(root: pathlib.Path) -> Report:
     root = root.resolve()
     run = state.load(root)
     paths = Paths(root, run.name)
-    if run.phase == "applying":
-        entry = run.conflicted()
-        apply.take_resolution(paths.work, entry, run.new_commit, _backed_up_patch(paths, entry))
-    return _run(root, run, began)
+    with buildcache.using(pathlib.Path(run.cache)):
+        if run.phase == "applying":
+            entry = run.conflicted()
+            apply.take_resolution(paths.work, entry, run.new_commit, _backed_up_patch(paths, entry))
+        return _run(root, run, began)
 
 
 def abort(root: pathlib.Path) -> str:
@@ -104,6 +113,10 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
             with step(run.name, f"applying {entry.name}"):
                 outcome = apply.apply_one(paths.work, patch, entry, run.old.commit, run.new_commit)
             if outcome == Outcome.CONFLICT:
+                # The person resolves it in their own time, and `clean` may
+                # run meanwhile: from here on the rebase reads the work
+                # clone only, which borrows no object from the cache.
+                run.git_dir = str(upstream.stand_alone(run.name, paths.work, pathlib.Path(run.git_dir)))
                 run.seconds += time.monotonic() - began
                 state.save(root, run)
                 return _stopped_report(root, run, patch)
@@ -167,12 +180,25 @@ def _stopped_report(root: pathlib.Path, run: RebaseState, patch: pathlib.Path) -
     report = _report(run)
     report.stopped = True
     entry = run.conflicted()
+    work = Paths(root, run.name).work
+    if apply.unmerged_files(work):
+        what = f"it conflicts with {run.new_ref} ({run.new_commit[:12]}) in {entry.detail or 'the files it touches'}.\n"
+        steps = [
+            f"  1. cd {work}   (git status shows the conflicted files; the patch is {patch})",
+            "  2. edit the files to resolve the <<<<<<< ======= >>>>>>> markers, then `git add` each one",
+            "     (to drop the patch because upstream now does the same: restore upstream's version and git add it)",
+        ]
+    else:  # git am made no 3-way merge: no file was changed, there is nothing to resolve in place
+        what = (f"it does not apply to {run.new_ref} ({run.new_commit[:12]}) at all, so no file was changed "
+                f"(git: {(entry.detail or 'git am failed').rstrip('.')}).\n")
+        steps = [
+            f"  1. cd {work}   (the patch is {patch})",
+            f"  2. make its change by hand: `git apply --reject {patch}` applies the hunks that still fit and writes each",
+            "     other one to a .rej file beside its file; edit the files, then `git add` each one (not the .rej files)",
+            "     (to drop the patch because upstream now does the same: change nothing)",
+        ]
     report.message = (
-        f"STOPPED at {entry.name} ({entry.subject}): it conflicts with {run.new_ref} "
-        f"({run.new_commit[:12]}) in {entry.detail or 'the files it touches'}.\n"
-        f"  1. cd {Paths(root, run.name).work}   (git status shows the conflicted files; the patch is {patch})\n"
-        "  2. edit the files to resolve the <<<<<<< ======= >>>>>>> markers, then `git add` each one\n"
-        "     (to drop the patch because upstream now does the same: restore upstream's version and git add it)\n"
+        f"STOPPED at {entry.name} ({entry.subject}): {what}" + "\n".join(steps) + "\n"
         "  3. scripts/rebase.sh --continue      or, to put everything back:  scripts/rebase.sh --abort\n"
         f"  To find the newest upstream commit the series still applies to: scripts/rebase.sh {run.name} "
         f"{run.new_ref} --find-base" + (f" --source {run.source}" if run.source else "")

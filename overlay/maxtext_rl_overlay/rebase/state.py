@@ -60,7 +60,7 @@ class RebaseState:
     name: str
     new_ref: str
     new_commit: str
-    git_dir: str  # the upstream repository the work clone borrows its objects from
+    git_dir: str  # the upstream repository the work clone borrows its objects from; the work clone's own once it stopped
     source: str | None
     build: bool
     build_sources: dict[str, str]

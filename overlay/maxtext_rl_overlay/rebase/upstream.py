@@ -4,12 +4,13 @@ work clone the series is applied in."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 
 from .. import buildcache
 from ..errors import OverlayError
-from ..git import git, inside_package, missing_blobs, out
+from ..git import git, inside_package, missing_blobs, out, reason
 from ..pins import Pin
 from ..progress import step
 
@@ -45,7 +46,7 @@ def _fetch(pin: Pin, new_ref: str, cache: pathlib.Path) -> pathlib.Path:
         if proc.returncode != 0:
             raise OverlayError(
                 f"{pin.distribution}: cannot fetch {new_ref} from {pin.repository} ({pin.pin_file}): "
-                f"{proc.stderr.strip().splitlines()[-1:] or ['git fetch failed']}. Pass --source PATH with a local clone or mirror."
+                f"{reason(proc.stderr, 'git fetch failed').rstrip('.')}. Pass --source PATH with a local clone or mirror."
             )
         git("update-ref", "refs/mrl/new", "FETCH_HEAD", git_dir=git_dir)
         if not has_commit(git_dir, pin.commit):
@@ -71,6 +72,71 @@ def work_clone(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path,
         # Marks that the old pin is at hand: where-upstream searches from it.
         git("update-ref", "refs/mrl/old-pin", old, cwd=work)
     return checkout(pin, git_dir, commit, work)
+
+
+def stand_alone(who: str, work: pathlib.Path, git_dir: pathlib.Path) -> pathlib.Path:
+    """Make the work clone borrow nothing: every object store it borrows
+    from (`git_dir`'s, and any that one borrows from) goes into its own,
+    with `git_dir`'s tags (the version rules read them), and the alternates
+    file is dropped. A stopped rebase then survives whatever happens to
+    `git_dir` (`clean` removes the cache's repositories) until --continue.
+    Object files are hard-linked where the file system allows (git never
+    changes one in place), else copied. Returns the work clone's git
+    directory, which the rest of the rebase reads instead of `git_dir`."""
+    own = work / ".git"
+    alternates = own / "objects" / "info" / "alternates"
+    if not alternates.is_file():
+        return own  # it stands alone already (an earlier stop)
+    with step(who, f"copying the objects the work clone borrows from {git_dir}, so that it stands alone"):
+        for store in _object_stores(git_dir / "objects"):
+            _link_objects(store, own / "objects")
+        tags = out("for-each-ref", "--format=%(refname) %(objectname)", "refs/tags", git_dir=git_dir)
+        if tags:
+            git("update-ref", "--stdin", cwd=work, input="".join(f"update {line}\n" for line in tags.splitlines()))
+        alternates.unlink()
+        # Every tree of HEAD, read from the work clone's own objects now (not
+        # fsck: a mirror may lack blobs outside the package, see checkout).
+        git("ls-tree", "-r", "-z", "HEAD", cwd=work, text=False, what="checking that the work clone stands alone")
+    return own
+
+
+def _object_stores(objects: pathlib.Path, seen: set[pathlib.Path] | None = None) -> list[pathlib.Path]:
+    """`objects` and, depth first, every object store its alternates name."""
+    seen = seen if seen is not None else set()
+    objects = objects.resolve()
+    if objects in seen or not objects.is_dir():
+        return []
+    seen.add(objects)
+    stores = [objects]
+    listed = objects / "info" / "alternates"
+    for line in (listed.read_text().splitlines() if listed.is_file() else []):
+        if line.strip() and not line.startswith("#"):
+            stores += _object_stores(objects / line.strip(), seen)  # an absolute line stays absolute
+    return stores
+
+
+#: What of an object store holds objects: loose ones (xx/...), and packs with
+#: their indexes; not the caches derived from them (bitmaps, commit-graph, ...).
+_PACK_FILES = (".pack", ".idx", ".rev", ".promisor")
+
+
+def _link_objects(store: pathlib.Path, dest: pathlib.Path) -> None:
+    for path in sorted(store.iterdir()):
+        if path.is_dir() and len(path.name) == 2:
+            files = list(path.iterdir())
+        elif path.name == "pack":
+            files = [f for f in path.iterdir() if f.suffix in _PACK_FILES]
+        else:
+            continue
+        for f in files:
+            target = dest / path.name / f.name
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(f, target)
+            except OSError:  # another file system, or links not allowed
+                shutil.copy2(f, target)
 
 
 def checkout(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path) -> list[str]:

@@ -1,0 +1,172 @@
+"""A rebase that stops (a conflict, a patch that does not apply at all, an
+upstream that cannot be fetched), on a small upstream made here: what it
+says, and that a stopped one survives `clean`. Each runs the real command,
+`python -m maxtext_rl_overlay rebase`, on a git-tracked copy of the project
+whose tpu-inference pin names that upstream (no --source: fetched with git
+into the cache, as from GitHub)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from maxtext_rl_overlay import buildcache
+from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.pins import set_pin_values
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TPU = pathlib.Path("patches/tpu-inference")
+CODE = "tpu_inference/__init__.py"
+GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@u",
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+
+def _git(repo: pathlib.Path, *args: str, date: str = "2026-07-27T09:44:06+00:00", **kw) -> str:
+    env = dict(os.environ, **GIT_ENV, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True, **kw).stdout.strip()
+
+
+def _commit(repo: pathlib.Path, files: dict[str, str], message: str, date: str) -> str:
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", message, date=date)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def _patch_of(repo: pathlib.Path, base: str, text: str, dest: pathlib.Path) -> pathlib.Path:
+    """The series' patch: `text` as CODE on top of `base`, as git format-patch writes it."""
+    _git(repo, "checkout", "-q", "-B", "patch", base)
+    commit = _commit(repo, {CODE: text}, "Set A to 3\n\nUpstream-Status: Pending", "2026-07-28T00:00:00+00:00")
+    dest.write_bytes(subprocess.run(["git", "format-patch", "-1", "--stdout", "--full-index", "--zero-commit", commit], cwd=repo,
+                                    check=True, capture_output=True, env=dict(os.environ, **GIT_ENV)).stdout)
+    return dest
+
+
+@pytest.fixture
+def upstream(tmp_path) -> tuple[pathlib.Path, str]:
+    """An upstream with the pin (A = 1) and a branch `moved` that changes the line the patch changes."""
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    pin = _commit(repo, {CODE: "A = 1\n", "README.md": "upstream\n"}, "the pin", "2026-07-27T09:44:06+00:00")
+    _git(repo, "checkout", "-q", "-b", "moved")
+    _commit(repo, {CODE: "A = 2\n"}, "A is 2 upstream", "2026-08-01T00:00:00+00:00")
+    _git(repo, "checkout", "-q", "main")
+    return repo, pin
+
+
+def _project(tmp_path: pathlib.Path, repo: pathlib.Path, pin: str, patch: pathlib.Path) -> pathlib.Path:
+    """A git-tracked copy of the project: tpu-inference pinned to `pin` of `repo`, its series `patch` alone."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
+        shutil.copy2(ROOT / name, project / name)
+    shutil.copytree(ROOT / "patches", project / "patches")
+    series = project / TPU
+    for old in series.glob("*.patch"):
+        old.unlink()
+    shutil.copy2(patch, series / patch.name)
+    (series / "series").write_text(patch.name + "\n")
+    set_pin_values(series / "pin.toml", {"repository": str(repo), "commit": pin, "tree": _git(repo, "rev-parse", f"{pin}^{{tree}}"),
+                                         "date": _git(repo, "log", "-1", "--format=%cI", pin)})
+    _git(project, "init", "-q", "-b", "main")
+    _commit(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
+    return project
+
+
+def _tool(project: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MRL_CACHE_DIR=str(project.parent / "cache"))
+    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", *args], capture_output=True, text=True, env=env, cwd=project, timeout=300)
+
+
+def test_a_stopped_rebase_survives_clean(upstream, tmp_path):
+    """The work clone of a stopped rebase borrowed the objects of the
+    repository fetched into the cache; `clean` removed that repository and
+    --continue failed ("not a git repository"). Stopped, it stands alone."""
+    repo, pin = upstream
+    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = _project(tmp_path, repo, pin, patch)
+    stopped = _tool(project, "rebase", "tpu-inference", "moved", "--no-tests")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "STOPPED at 0001-Set-A-to-3.patch" in stopped.stdout and "<<<<<<<" in stopped.stdout
+    work = project / "build" / "rebase" / "tpu-inference"
+    assert "<<<<<<<" in (work / CODE).read_text()
+
+    cleaned = _tool(project, "clean")
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert "git" in cleaned.stdout and not (tmp_path / "cache" / "git").exists(), "clean removed the fetched repository"
+
+    (work / CODE).write_text("A = 3\n")
+    _git(work, "add", CODE)
+    done = _tool(project, "rebase", "--continue")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "conflict resolved by hand" in done.stdout
+    moved = _git(repo, "rev-parse", "moved")
+    assert f'commit = "{moved}"' in (project / TPU / "pin.toml").read_text()
+    assert "+A = 3" in (project / TPU / "0001-Set-A-to-3.patch").read_text()
+
+
+def test_clean_is_refused_while_a_rebase_runs(upstream, tmp_path, monkeypatch):
+    """A rebase holds the cache as a build does."""
+    from maxtext_rl_overlay import rebase
+    from maxtext_rl_overlay.rebase import apply
+
+    repo, pin = upstream
+    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = _project(tmp_path, repo, pin, patch)
+    cache = tmp_path / "cache"
+    refused: list[str] = []
+    real = apply.apply_one
+
+    def clean_meanwhile(*args, **kw):
+        try:
+            buildcache.clean(cache)
+        except OverlayError as exc:
+            refused.append(str(exc))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(apply, "apply_one", clean_meanwhile)
+    report = rebase.start(rebase.RebaseOptions(project, "tpu-inference", "moved", run_tests=False, cache=cache))
+    assert report.stopped
+    assert refused and "in use by a running build" in refused[0]
+    assert (cache / "git" / "tpu-inference-rebase.git").is_dir()
+
+
+def test_a_patch_that_does_not_apply_at_all_is_not_called_a_conflict_with_markers(upstream, tmp_path):
+    """A patch whose pre-image is not in the repository and whose context is
+    not there: git am makes no 3-way merge and leaves no markers, so the
+    STOPPED text must not send the person looking for them."""
+    repo, pin = upstream
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _git(elsewhere, "init", "-q", "-b", "main")
+    base = _commit(elsewhere, {CODE: "B = 1\n"}, "another tree", "2026-07-01T00:00:00+00:00")
+    patch = _patch_of(elsewhere, base, "B = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = _project(tmp_path, repo, pin, patch)
+    stopped = _tool(project, "rebase", "tpu-inference", "moved", "--no-tests")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    text = stopped.stdout
+    assert "STOPPED at 0001-Set-A-to-3.patch" in text, text
+    assert "<<<<<<<" not in text and "conflict markers" not in text, text
+    assert "does not apply" in text and "git apply --reject" in text, text
+    said = text.split("STOPPED at", 1)[1].split("\n", 1)[0]
+    assert "(git: " in said and CODE in said, "git's own reason is shown, naming the file"
+
+
+def test_a_fetch_that_fails_says_git_s_words_not_a_python_list(upstream, tmp_path):
+    repo, pin = upstream
+    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = _project(tmp_path, repo, pin, patch)
+    set_pin_values(project / TPU / "pin.toml", {"repository": str(tmp_path / "nowhere")})
+    _commit(project, {}, "an upstream that is not there", "2026-11-02T00:00:00+00:00")
+    failed = _tool(project, "rebase", "tpu-inference", "moved", "--no-tests")
+    assert failed.returncode == 3, failed.stderr
+    (line,) = [line for line in failed.stderr.splitlines() if "error:" in line]
+    assert "cannot fetch moved from" in line and "['" not in line and "fatal:" in line, line
