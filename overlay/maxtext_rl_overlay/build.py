@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import hashlib
 import os
 import pathlib
@@ -19,11 +18,9 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, buildenv, environment, gittree, interrupts, manifest, patchfile, publish, sources, tomledit, wheels
+from . import buildcache, buildenv, environment, gittree, interrupts, manifest, overlayfiles, patchfile, publish, sources, tomledit, wheels
 from .digest import sha256_file
 from .errors import OverlayError
-from .git import git
-from .git import out as gitout
 from .patching import AppliedPatch, Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
@@ -122,13 +119,13 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             if not_built:
                 step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them")
             adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
-            overlay = overlay_inputs(project.root)
+            overlay = overlayfiles.overlay_inputs(project.root)
             record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter),
                                        project=overlay.project)
             overlay_wheel = _build_overlay(project, overlay.files, record, adapter, staging, opts.python, cache)
             # What the wheels were made from, for the header (tests/unit finds a stale file by it):
             # read now, after the upstreams' builds (which may rewrite a toolchain file) and the overlay's.
-            inputs = publish.input_digests(project, entries)
+            inputs = publish.input_digests(project, entries, overlay.files)
             sums = publish.write_index(staging)
             publish.write_simple(staging, sums)
             find_links = _relative(out, constraints_path.parent)
@@ -312,64 +309,6 @@ def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, 
     name, version = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
     step.note("maxtext-vllm-adapter", f"built {wheel.name} from {env.release.name}:{folder}")
     return manifest.Adapter(name, version, manifest.WheelFile(wheel.name, sha256_file(wheel)), f"{env.release.name}:{folder}")
-
-
-#: What the overlay's own wheel is made of, in the project (the build adds
-#: the manifest and the exact dependencies on the overlay builds).
-OVERLAY_INPUTS = ("README.md", "LICENSE", "pyproject.toml", "overlay")
-#: Never part of it: the build's own products and Python's caches.
-_NOT_INPUTS = ("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info")
-
-
-@dataclasses.dataclass(frozen=True)
-class OverlayInputs:
-    files: tuple[str, ...]  # project-relative
-    project: manifest.ProjectRecord | None
-
-
-def overlay_inputs(root: pathlib.Path) -> OverlayInputs:
-    """The files of the overlay's own wheel, and the project commit they are.
-
-    In a git checkout: the files git tracks (an untracked file in overlay/
-    would change the wheel and its label unseen: it is left out, and said
-    so), with the newest commit that changed one of them and those that
-    differ from it. Elsewhere (a copy of the files without .git): every
-    file, and no commit."""
-    found = git("rev-parse", "--show-toplevel", cwd=root, check=False) if shutil.which("git") else None
-    if found is None or found.returncode != 0 or pathlib.Path(found.stdout.strip()).resolve() != root.resolve():
-        if (root / ".git").exists():
-            step.note("maxtext-rl-overlay", f"git cannot read the checkout {root} ({found.stderr.strip() if found else 'git is not installed'}): "
-                                            "the overlay's wheel is made of every file there, and records no commit")
-        files = [str(p.relative_to(root)) for name in OVERLAY_INPUTS for p in _walk(root / name)]
-        return OverlayInputs(tuple(sorted(files)), None)
-    listed = git("ls-files", "-z", "--", *OVERLAY_INPUTS, cwd=root).stdout.split("\0")
-    files = [f for f in listed if f and (root / f).is_file() and not _excluded(f)]
-    untracked = [f for f in git("ls-files", "-z", "--others", "--exclude-standard", "--", *OVERLAY_INPUTS, cwd=root).stdout.split("\0") if f]
-    if untracked:
-        step.note("maxtext-rl-overlay", f"left out of the overlay's wheel, as git does not track them: {', '.join(untracked)}")
-    commit = gitout("log", "-1", "--format=%H", "--", *OVERLAY_INPUTS, cwd=root)
-    shallow = gitout("rev-parse", "--is-shallow-repository", cwd=root) == "true"
-    if shallow and commit in (root / gitout("rev-parse", "--git-path", "shallow", cwd=root)).read_text().split():
-        # The history that would tell is not here: the answer is the clone's cut.
-        step.note("maxtext-rl-overlay", "the checkout is shallow: which commit last changed the overlay's own files is unknown "
-                                        "(git fetch --unshallow tells); the manifest records no commit")
-        commit = ""
-    if not commit:
-        return OverlayInputs(tuple(sorted(files)), None)
-    dirty = [f for f in git("diff", "--name-only", "-z", "--no-renames", "HEAD", "--", *OVERLAY_INPUTS, cwd=root).stdout.split("\0") if f]
-    step.note("maxtext-rl-overlay", f"made from the project's commit {commit[:12]}"
-              + (f", with uncommitted changes to {', '.join(dirty)} (recorded as dirty)" if dirty else ""))
-    return OverlayInputs(tuple(sorted(files)), manifest.ProjectRecord(commit, tuple(sorted(dirty))))
-
-
-def _walk(path: pathlib.Path) -> list[pathlib.Path]:
-    if path.is_file():
-        return [path]
-    return [p for p in path.rglob("*") if p.is_file() and not _excluded(str(p.relative_to(path)))]
-
-
-def _excluded(relpath: str) -> bool:
-    return any(fnmatch.fnmatch(part, pattern) for part in pathlib.PurePosixPath(relpath).parts for pattern in _NOT_INPUTS)
 
 
 def _build_overlay(project: Project, files: tuple[str, ...], record: manifest.Manifest, adapter: manifest.Adapter | None,

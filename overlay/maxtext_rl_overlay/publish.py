@@ -39,7 +39,6 @@ makes it again."""
 from __future__ import annotations
 
 import email.parser
-import fnmatch
 import hashlib
 import html
 import json
@@ -56,7 +55,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, buildenv, manifest, options, proc, sources
+from . import buildcache, buildenv, options, overlayfiles, proc, sources
 from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
@@ -312,43 +311,26 @@ def _age(seconds: float) -> str:
 
 #: The part of input_digests() that is the overlay's own wheel.
 OVERLAY = "maxtext-rl-overlay"
-#: The project files the overlay's own wheel is made of (build._build_overlay
-#: copies them): the folder without what is not the project's (caches, build
-#: metadata, the manifest the build writes into the copy).
-OVERLAY_FILES = ("pyproject.toml", "README.md", "LICENSE", "overlay")
-OVERLAY_IGNORED = ("__pycache__", "*.pyc", manifest.RESOURCE, "*.egg-info")
 INPUTS_TITLE = "Inputs, sha256 of the files each is made from (tests/unit recomputes them from the checkout):"
 
 
-def input_digests(project: Project, names: Iterable[str]) -> dict[str, str]:
+def input_digests(project: Project, names: Iterable[str], overlay_files: Iterable[str] | None = None) -> dict[str, str]:
     """{part: sha256} of every input a build reads from the project: the
     overlay's own wheel (OVERLAY: pyproject.toml, README.md, LICENSE, the
     tool's code and resources) and, for each distribution in `names`, its pin
     file, series file, patches and build toolchain file. Each part is the
     sha256 of its files' project-relative paths and contents, so it is the
-    same on every machine, wherever the checkout is."""
-    parts = {OVERLAY: _files_digest(project.root, _overlay_files(project.root))}
+    same on every machine, wherever the checkout is. `overlay_files`: the
+    overlay wheel's files as the build took them (default: as
+    overlayfiles.overlay_inputs lists them now)."""
+    if overlay_files is None:
+        overlay_files = overlayfiles.overlay_inputs(project.root, say=False).files
+    parts = {OVERLAY: _files_digest(project.root, [project.root / f for f in overlay_files])}
     for name in names:
         pin = project.pins[name]
         files = [pin.pin_file, pin.directory / "series", *pin.series, pin.directory / buildenv.TOOLCHAIN_FILE]
         parts[name] = _files_digest(project.root, [f for f in files if f.is_file()])
     return parts
-
-
-def _overlay_files(root: pathlib.Path) -> list[pathlib.Path]:
-    found = []
-    for name in OVERLAY_FILES:
-        path = root / name
-        if path.is_file():
-            found.append(path)
-        for folder, dirs, files in os.walk(path):  # nothing for a file
-            dirs[:] = [d for d in dirs if not _ignored(d)]
-            found += [pathlib.Path(folder, f) for f in files if not _ignored(f)]
-    return found
-
-
-def _ignored(name: str) -> bool:
-    return any(fnmatch.fnmatch(name, pattern) for pattern in OVERLAY_IGNORED)
 
 
 def _files_digest(root: pathlib.Path, files: Iterable[pathlib.Path]) -> str:
@@ -357,7 +339,7 @@ def _files_digest(root: pathlib.Path, files: Iterable[pathlib.Path]) -> str:
 
 
 def _inputs_lines(inputs: Mapping[str, str]) -> list[str]:
-    own = "its own wheel: " + ", ".join(f"{n}/" if n == "overlay" else n for n in OVERLAY_FILES)
+    own = "its own wheel: " + ", ".join(f"{n}/" if n == "overlay" else n for n in overlayfiles.OVERLAY_INPUTS)
     lines = [INPUTS_TITLE]
     for part, sha in inputs.items():
         what = own if part == OVERLAY else f"patches/{part}/: pin.toml, series, patches, {buildenv.TOOLCHAIN_FILE} if any"

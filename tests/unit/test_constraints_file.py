@@ -134,7 +134,7 @@ def test_the_header_records_the_digest_of_each_input():
     text = _header(inputs)
     assert ("\n#   with uv 0.13.9 (x86_64-unknown-linux-gnu), the tool's code sha256 " + "4" * 64 + "\n"
             f"# {publish.INPUTS_TITLE}\n"
-            "#   maxtext-rl-overlay: " + "a" * 64 + " (its own wheel: pyproject.toml, README.md, LICENSE, overlay/)\n"
+            "#   maxtext-rl-overlay: " + "a" * 64 + " (its own wheel: README.md, LICENSE, pyproject.toml, overlay/)\n"
             "#   google-tunix: " + "b" * 64 + " (patches/google-tunix/: pin.toml, series, patches, build-requirements.txt if any)\n"
             "#   vllm: " + "c" * 64 + " (patches/vllm/: pin.toml, series, patches, build-requirements.txt if any)\n"
             "--find-links ./dist\n") in text

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from maxtext_rl_overlay import build, manifest
+from maxtext_rl_overlay import build, manifest, overlayfiles
 from maxtext_rl_overlay.pins import load_project
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def _commit_all(repo: pathlib.Path, message: str) -> str:
 
 def _copy_tracked(dest: pathlib.Path) -> pathlib.Path:
     """The checkout's tracked files the build reads, as they are in the work tree."""
-    listed = _git(ROOT, "ls-files", "-z", "--", *build.OVERLAY_INPUTS, "patches", "constraints.txt").split("\0")
+    listed = _git(ROOT, "ls-files", "-z", "--", *overlayfiles.OVERLAY_INPUTS, "patches", "constraints.txt").split("\0")
     for name in filter(None, listed):
         if (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -58,7 +58,7 @@ def checkout(tmp_path) -> tuple[pathlib.Path, str]:
 def test_only_tracked_files_and_the_inputs_commit(checkout, capsys):
     root, inputs = checkout
     (root / STRAY).write_text("SHIPPED = True\n")
-    found = build.overlay_inputs(root)
+    found = overlayfiles.overlay_inputs(root)
     assert STRAY not in found.files and "overlay/maxtext_rl_overlay/build.py" in found.files
     assert {"README.md", "LICENSE", "pyproject.toml"} <= set(found.files)
     assert found.project == manifest.ProjectRecord(inputs, ()), "the newest commit that changed an input, not HEAD"
@@ -67,7 +67,7 @@ def test_only_tracked_files_and_the_inputs_commit(checkout, capsys):
 
     (root / "README.md").write_text((root / "README.md").read_text() + "\nAn edit.\n")
     _git(root, "add", STRAY)  # tracked from now on, not yet committed
-    found = build.overlay_inputs(root)
+    found = overlayfiles.overlay_inputs(root)
     assert STRAY in found.files
     assert found.project == manifest.ProjectRecord(inputs, ("README.md", STRAY))
     assert "with uncommitted changes to README.md, " in capsys.readouterr().err
@@ -79,7 +79,7 @@ def test_a_copy_without_git_takes_every_file_and_records_no_commit(checkout):
     (root / STRAY).write_text("")
     (root / "overlay" / "maxtext_rl_overlay" / "__pycache__").mkdir()
     (root / "overlay" / "maxtext_rl_overlay" / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"")
-    found = build.overlay_inputs(root)
+    found = overlayfiles.overlay_inputs(root)
     assert STRAY in found.files and found.project is None
     assert not [f for f in found.files if "__pycache__" in f]
 
@@ -90,7 +90,7 @@ def test_a_shallow_clone_does_not_guess_the_commit(checkout, tmp_path, capsys):
     root, _ = checkout
     shallow = tmp_path / "shallow"
     _git(tmp_path, "clone", "-q", "--depth", "1", root.as_uri(), str(shallow))
-    assert build.overlay_inputs(shallow).project is None
+    assert overlayfiles.overlay_inputs(shallow).project is None
     assert "the checkout is shallow" in capsys.readouterr().err
 
 
@@ -100,7 +100,7 @@ def test_the_wheel_holds_the_tracked_files_and_the_commit(checkout, tmp_path, mo
     root, inputs = checkout
     (root / STRAY).write_text("SHIPPED = True\n")
     project = load_project(root)
-    found = build.overlay_inputs(root)
+    found = overlayfiles.overlay_inputs(root)
     env = manifest.EnvironmentRecord("maxtext[tpu-post-train]==0.2.4", "maxtext", manifest.TorchRecord("2.11.0", "2.11.0+cpu", True, "0.26.0"), None)
     record = manifest.Manifest("0.1.0", project.revision, {}, ("google-tunix", "tpu-inference", "vllm"), env, project=found.project)
     seen: dict[str, object] = {}

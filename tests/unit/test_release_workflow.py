@@ -72,7 +72,7 @@ def test_builds_every_pin_from_its_commit_with_the_published_base_url():
 
 
 def test_the_release_build_has_the_history_the_overlay_wheel_records():
-    """build.overlay_inputs records no commit in a shallow clone (actions/checkout's default)."""
+    """overlayfiles.overlay_inputs records no commit in a shallow clone (actions/checkout's default)."""
     (name,) = _jobs_running("scripts/build-wheels.sh")
     (checkout,) = [s for s in _doc()["jobs"][name]["steps"] if s.get("uses", "").startswith("actions/checkout@")]
     assert checkout.get("with", {}).get("fetch-depth") == 0
