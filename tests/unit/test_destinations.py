@@ -14,7 +14,6 @@ from __future__ import annotations
 import fcntl
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -23,6 +22,7 @@ import pytest
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import publish, staging
 from maxtext_rl_overlay.errors import OverlayError
+from unit.unit_support import project_copy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Where the build's first network step (MaxText's file list) fails at once.
@@ -33,12 +33,7 @@ MARKER = ".maxtext-rl-overlay-index"
 
 @pytest.fixture
 def project(tmp_path) -> pathlib.Path:
-    dest = tmp_path / "project"
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, dest / name)
-    shutil.copytree(ROOT / "patches", dest / "patches")
-    return dest
+    return project_copy(tmp_path / "project")
 
 
 def _env(tmp_path: pathlib.Path, **extra: str) -> dict[str, str]:

@@ -5,7 +5,6 @@ run as a user runs it: `python -m maxtext_rl_overlay ...` in a fresh process."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import pathlib
@@ -13,11 +12,12 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
+from unit.unit_support import project_copy
+from unit.unit_support import served as serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "overlay" / "maxtext_rl_overlay"
@@ -34,12 +34,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, pythonpath: pathlib.Path
 
 @pytest.fixture
 def project(tmp_path) -> pathlib.Path:
-    dest = tmp_path / "project"
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, dest / name)
-    shutil.copytree(ROOT / "patches", dest / "patches")
-    return dest
+    return project_copy(tmp_path / "project")
 
 
 def _edit(path: pathlib.Path, pattern: str, new: str) -> None:
@@ -168,18 +163,8 @@ def index_without_the_file(tmp_path):
     listing = {"files": [{"filename": "maxtext-0.2.4-py3-none-any.whl", "url": "../gone/maxtext-0.2.4-py3-none-any.whl",
                           "hashes": {"sha256": "0" * 64}}]}
     (served / "maxtext" / "index.html").write_text(json.dumps(listing))
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, directory=str(served), **kw)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serve(served) as url:
+        yield url
 
 
 def test_a_failed_download_from_the_package_index(project, tmp_path, index_without_the_file):

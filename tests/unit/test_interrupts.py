@@ -9,6 +9,7 @@ Each test sends a real signal to this process, inside interrupts.installed()
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pathlib
@@ -235,33 +236,21 @@ def stalled_build(tmp_path):
     index on 127.0.0.1, Tunix from a small tree (the project copy's series
     emptied), uv a fake that hangs."""
     import hashlib
-    import http.server
     import json
 
-    from unit.unit_support import uv_offline_env
+    from unit.unit_support import project_copy, uv_offline_env
+    from unit.unit_support import served as serve
 
     served = tmp_path / "index"
     (served / "maxtext").mkdir(parents=True)
     wheel = _maxtext_release(served)
     listing = {"files": [{"filename": wheel.name, "url": f"../{wheel.name}", "hashes": {"sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}}]}
     (served / "maxtext" / "index.html").write_text(json.dumps(listing))
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, directory=str(served), **kw)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = contextlib.ExitStack()
+    url = server.enter_context(serve(served))
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(root / name, project / name)
-    shutil.copytree(root / "patches", project / "patches")
+    project = project_copy(tmp_path / "project", licence=True)
     tunix = project / "patches" / "google-tunix"
     for patch in tunix.glob("*.patch"):
         patch.unlink()
@@ -277,12 +266,12 @@ def stalled_build(tmp_path):
     (bin_dir / "uv").write_text(HANGING_UV)
     (bin_dir / "uv").chmod(0o755)
     out = tmp_path / "rel" / "dist"
-    env = dict(uv_offline_env(tmp_path), UV_DEFAULT_INDEX=f"http://127.0.0.1:{server.server_address[1]}", MRL_CACHE_DIR=str(tmp_path / "cache"),
+    env = dict(uv_offline_env(tmp_path), UV_DEFAULT_INDEX=url, MRL_CACHE_DIR=str(tmp_path / "cache"),
                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HANGING_UV_DIR=str(tmp_path), TMPDIR=str(tmp), PYTHONPATH=str(root / "overlay"))
     args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--project", str(project), "--only", "google-tunix", "--unpinned", "--torch-standin",
             "--source", f"google-tunix={tree}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
     yield args, env, tmp_path
-    server.shutdown()
+    server.close()
     _stop_leftovers(tmp_path)
 
 

@@ -9,13 +9,19 @@ tests/unit only."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import http.server
 import os
 import pathlib
 import shutil
 import sys
+import threading
 import zipfile
+from collections.abc import Iterator
 
+#: The checkout the fast tests test.
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: The tool venv's uv (scripts/setup.sh installs it there).
 UV = shutil.which("uv") or str(pathlib.Path(sys.executable).parent / "uv")
 
@@ -77,3 +83,32 @@ def assert_uploads_every_junit(job: dict, root: pathlib.Path) -> None:
     assert "build/test-matrix/cells/maxtext-0.2.4/junit-maxtext-shims.xml" in written
     missed = [w for w in written if not fnmatch.fnmatch(w, path)]
     assert not missed, f"the upload's path {path!r} misses {missed}"
+
+
+def project_copy(dest: pathlib.Path, *, licence: bool = False) -> pathlib.Path:
+    """A copy of the project's pyproject.toml, README.md (LICENSE) and
+    patches/ in `dest`: enough for the tool to read, lint and begin a build."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md", *(("LICENSE",) if licence else ())):
+        shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "patches", dest / "patches")
+    return dest
+
+
+@contextlib.contextmanager
+def served(folder: pathlib.Path) -> Iterator[str]:
+    """`folder` served over HTTP on 127.0.0.1 for the block: its URL."""
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(folder), **kw)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
