@@ -174,12 +174,30 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
 
     root = _project(args)
     if args.cont or args.abort:
-        if args.name or args.new_ref:
-            raise UsageError("--continue and --abort take no NAME or NEW_REF: they act on the rebase in progress.")
+        if args.name or args.new_ref or args.maxtext:
+            raise UsageError("--continue and --abort take no NAME, NEW_REF or --maxtext: they act on the rebase in progress.")
+        if rebase.release.in_progress(root):  # a --maxtext move: its own state wraps the distribution's
+            if args.abort:
+                print(rebase.release.abort(root))
+                return ExitCode.OK
+            moved = rebase.release.resume(root)
+            print(moved.text)
+            return ExitCode.CHECK_FAILED if moved.needs_action else ExitCode.OK
         if args.abort:
             print(rebase.abort(root))
             return ExitCode.OK
         report = rebase.resume(root)
+    elif args.maxtext:
+        if args.name or args.new_ref or args.find_base or args.apply_vllm_lkg:
+            raise UsageError("--maxtext VERSION takes no NAME, NEW_REF, --find-base or --apply-vllm-lkg: the release names every commit.")
+        try:
+            given = dict(_source_arg(s) for s in args.source)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--source: {exc} (--maxtext takes NAME=PATH only)") from None
+        moved = rebase.release.start(rebase.release.ReleaseOptions(root, args.maxtext, given, build=args.build,
+                                                                   standins=args.standins, run_tests=not args.no_tests))
+        print(moved.text)
+        return ExitCode.CHECK_FAILED if moved.needs_action else ExitCode.OK
     else:
         if not (args.name and args.new_ref):
             raise UsageError("NAME and NEW_REF are required (or --continue / --abort).")
@@ -266,9 +284,11 @@ def _parser() -> argparse.ArgumentParser:
     lint = command("lint", "check every patch of every series for its trailers and format", project)
     lint.set_defaults(func=_cmd_lint)
 
-    r = command("rebase", "carry a patch series onto a new upstream commit (stops at a conflict)", project)
+    r = command("rebase", "carry a patch series onto a new upstream commit, or every pin onto a MaxText release's (stops at a conflict)", project)
     r.add_argument("name", nargs="?", metavar="NAME", choices=DISTRIBUTIONS, help=f"the upstream: {names}")
     r.add_argument("new_ref", nargs="?", metavar="NEW_REF", help="a commit, tag or branch of the upstream")
+    r.add_argument("--maxtext", metavar="VERSION",
+                   help="move every pin to the commit MaxText VERSION's wheel names, and the maxtext extra to that release")
     r.add_argument("--source", action="append", default=[], metavar="PATH|NAME=PATH",
                    help="a local git repository or mirror of the upstream; NAME=PATH: another upstream's source for --build")
     r.add_argument("--build", action="store_true", help="rebuild the wheels and constraints.txt from the new pins")

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from unit.unit_support import project_copy
+from unit.unit_support import maxtext_version, project_copy
 from unit.unit_support import served as serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -160,7 +160,8 @@ def index_without_the_file(tmp_path):
     wheel that it does not serve."""
     served = tmp_path / "index"
     (served / "maxtext").mkdir(parents=True)
-    listing = {"files": [{"filename": "maxtext-0.2.4-py3-none-any.whl", "url": "../gone/maxtext-0.2.4-py3-none-any.whl",
+    wheel = f"maxtext-{maxtext_version(ROOT)}-py3-none-any.whl"
+    listing = {"files": [{"filename": wheel, "url": f"../gone/{wheel}",
                           "hashes": {"sha256": "0" * 64}}]}
     (served / "maxtext" / "index.html").write_text(json.dumps(listing))
     with serve(served) as url:
@@ -172,7 +173,7 @@ def test_a_failed_download_from_the_package_index(project, tmp_path, index_witho
                 env={"MRL_CACHE_DIR": str(tmp_path / "cache"), "UV_DEFAULT_INDEX": index_without_the_file})
     assert done.returncode == cli.ExitCode.ERROR
     (line,) = _error_lines(done)
-    assert "cannot download maxtext-0.2.4-py3-none-any.whl from the package index" in line and "HTTP Error 404" in line
+    assert f"cannot download maxtext-{maxtext_version(ROOT)}-py3-none-any.whl from the package index" in line and "HTTP Error 404" in line
 
 
 @pytest.mark.parametrize("text, says", [("this is not JSON\n", "is not JSON"), ("[1, 2]\n", "is not a JSON object")], ids=["text", "list"])

@@ -205,13 +205,17 @@ wait
 
 
 def _maxtext_release(folder: pathlib.Path) -> pathlib.Path:
-    """A stand-in for the MaxText 0.2.4 wheel: what the build reads of it
-    (its torch pins, its overrides file, its vLLM plugin folder, a licence)."""
+    """A stand-in for the wheel of the MaxText release the extra names: what
+    the build reads of it (its torch pins, its overrides file, its vLLM plugin
+    folder, a licence)."""
     import zipfile
 
-    wheel = folder / "maxtext-0.2.4-py3-none-any.whl"
-    info = "maxtext-0.2.4.dist-info"
-    meta = ("Metadata-Version: 2.1\nName: maxtext\nVersion: 0.2.4\nProvides-Extra: tpu-post-train\n"
+    from unit.unit_support import maxtext_version
+
+    version = maxtext_version(pathlib.Path(__file__).resolve().parents[2])
+    wheel = folder / f"maxtext-{version}-py3-none-any.whl"
+    info = f"maxtext-{version}.dist-info"
+    meta = (f"Metadata-Version: 2.1\nName: maxtext\nVersion: {version}\nProvides-Extra: tpu-post-train\n"
             'Requires-Dist: torch==2.11.0+cpu; extra == "tpu-post-train"\n'
             'Requires-Dist: torchvision==0.26.0+cpu; extra == "tpu-post-train"\n')
     with zipfile.ZipFile(wheel, "w") as zf:

@@ -112,3 +112,99 @@ def served(folder: pathlib.Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+#: Where a MaxText release names its upstream commits (rebase --maxtext reads it).
+MAXTEXT_DEPS = "dependencies/extra_deps/post_train_github_deps.txt"
+
+
+def maxtext_deps(commits: dict[str, str]) -> str:
+    """A post_train_github_deps.txt in MaxText's own format (as 0.2.4's wheel has it)."""
+    urls = {"google-tunix": "https://github.com/google/tunix/archive/{}.zip",
+            "tpu-inference": "https://github.com/vllm-project/tpu-inference/archive/{}.zip",
+            "vllm": "git+https://github.com/vllm-project/vllm@{}"}
+    return "".join(f"{name} @ {urls[name].format(commit)}\n" for name, commit in commits.items())
+
+
+def maxtext_release(folder: pathlib.Path, version: str, commits: dict[str, str], base: pathlib.Path | None = None) -> pathlib.Path:
+    """A MaxText release wheel of `version` whose deps file names `commits`:
+    `base` (a real release wheel) with its dist-info renamed, its Version and
+    its deps file rewritten (RECORD is not: the tool reads files from the
+    wheel, nothing installs it); without `base`, a wheel holding the deps file."""
+    if base is None:
+        wheel = fake_wheel(folder, "maxtext", version)
+        with zipfile.ZipFile(wheel, "a") as zf:
+            zf.writestr(zipfile.ZipInfo(MAXTEXT_DEPS, (1980, 1, 1, 0, 0, 0)), maxtext_deps(commits))
+        return wheel
+    wheel = folder / f"maxtext-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(base) as src, zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as dest:
+        old_info = next(n for n in src.namelist() if n.endswith(".dist-info/METADATA")).split("/")[0]
+        for info in src.infolist():
+            data = src.read(info)
+            name = info.filename.replace(old_info, f"maxtext-{version}.dist-info", 1)
+            if name == MAXTEXT_DEPS:
+                data = maxtext_deps(commits).encode()
+            elif name.endswith(".dist-info/METADATA"):
+                data = b"".join(f"Version: {version}\n".encode() if line.startswith(b"Version: ") else line
+                                for line in data.splitlines(keepends=True))
+            dest.writestr(zipfile.ZipInfo(name, info.date_time), data)
+    return wheel
+
+
+class PackageIndex:
+    """The wheels of `folder`, served on 127.0.0.1 as a package index's JSON
+    simple API (PEP 691: what registry.files reads), in a thread; `url` is
+    the index to name in UV_DEFAULT_INDEX."""
+
+    def __init__(self, folder: pathlib.Path):
+        import http.server
+        import json
+        import threading
+
+        from packaging.utils import canonicalize_name, parse_wheel_filename
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format, *args):  # noqa: A002 - the base class's name
+                pass
+
+            def do_GET(self):
+                parts = [p for p in self.path.split("?")[0].split("/") if p]
+                if len(parts) == 2 and parts[0] == "simple":
+                    wheels = [w for w in sorted(folder.glob("*.whl")) if canonicalize_name(parse_wheel_filename(w.name)[0]) == parts[1]]
+                    body = json.dumps({"meta": {"api-version": "1.0"}, "name": parts[1], "files": [
+                        {"filename": w.name, "url": f"/files/{w.name}", "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()}}
+                        for w in wheels]}).encode()
+                    kind = "application/vnd.pypi.simple.v1+json"
+                elif len(parts) == 2 and parts[0] == "files" and (folder / parts[1]).is_file():
+                    body, kind = (folder / parts[1]).read_bytes(), "application/octet-stream"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def __enter__(self) -> PackageIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def maxtext_version(root: pathlib.Path) -> str:
+    """The MaxText release pyproject's `maxtext` extra names (0.2.4 today): the
+    tests that stand in for its wheel follow it, so that they hold after a
+    `rebase --maxtext` move too."""
+    from maxtext_rl_overlay.pins import load_project
+
+    (text,) = load_project(root).metadata["optional-dependencies"]["maxtext"]
+    return text.rsplit("==", 1)[1]

@@ -31,9 +31,11 @@ the upstream naming the commit of another pin its CI verified.
 The modules: options and report (the API's types), state (what survives a
 stop), upstream (fetch, work clone), apply (one patch's outcome), export
 (writing the series and the pins), versions, fasttests, findbase, render, and
-machine (start, --continue, --abort).
+machine (start, --continue, --abort); release (`--maxtext VERSION`: every
+pin a MaxText release names, one machine run each, and the `maxtext` extra).
 """
 
+from . import release
 from .findbase import BaseFound, find_base
 from .machine import abort, resume, start
 from .options import RebaseOptions
@@ -41,4 +43,4 @@ from .render import render, render_base
 from .report import Report
 from .state import Outcome
 
-__all__ = ["BaseFound", "Outcome", "RebaseOptions", "Report", "abort", "find_base", "render", "render_base", "resume", "start"]
+__all__ = ["BaseFound", "Outcome", "RebaseOptions", "Report", "abort", "find_base", "release", "render", "render_base", "resume", "start"]

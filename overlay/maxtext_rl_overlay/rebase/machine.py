@@ -35,7 +35,8 @@ def start(opts: RebaseOptions) -> Report:
             f"a rebase of {other.name} is in progress ({paths.state}): finish it with scripts/rebase.sh --continue "
             "or undo it with scripts/rebase.sh --abort."
         )
-    _refuse_dirty(root)
+    if opts.check_clean:
+        refuse_dirty(root)
     pin = load_project(root).pins[opts.name]
     patches = [patchfile.parse(p) for p in pin.series]
     cache = opts.cache or sources.cache_root()
@@ -212,7 +213,7 @@ def _report(run: RebaseState) -> Report:
     return Report(run.name, run.old, new, patches, notes=list(run.notes), seconds=run.seconds)
 
 
-def _refuse_dirty(root: pathlib.Path) -> None:
+def refuse_dirty(root: pathlib.Path) -> None:
     proc = git("status", "--porcelain", "--untracked-files=all", "--", "patches", "constraints.txt", cwd=root, check=False)
     if proc.returncode != 0:
         raise OverlayError(

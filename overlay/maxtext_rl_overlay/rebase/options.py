@@ -18,3 +18,4 @@ class RebaseOptions:
     apply_vllm_lkg: bool = False  # move the pin [rebase] last-known-good names to the commit the upstream verified
     run_tests: bool = True
     cache: pathlib.Path | None = None
+    check_clean: bool = True  # False within `--maxtext`: it checked the checkout before its first move

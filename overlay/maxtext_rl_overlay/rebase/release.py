@@ -1,0 +1,309 @@
+"""`rebase --maxtext VERSION`: move the overlay to a MaxText release's own pins.
+
+Each MaxText release names the upstream commits it was tested with in its
+wheel, in dependencies/extra_deps/post_train_github_deps.txt, one
+requirement a line:
+
+    google-tunix @ https://github.com/google/tunix/archive/<commit>.zip
+    vllm @ git+https://github.com/vllm-project/vllm@<commit>
+
+The release wheel is read from the package index as the build reads it
+(registry.release_wheel). First a plan, changing nothing: per distribution
+the old and the new commit and the --source holding the new one; a named
+commit in none of the sources given stops it here (status 3). Then each pin
+that moves is carried by the per-distribution rebase (machine.start, one
+after the other, in build order), and the `maxtext` extra of pyproject.toml
+moves to `<name>[<extra>]==VERSION`; the build then reads that release's
+overrides, torch and vLLM plugin (environment.resolve). The fast tests run
+once, at the end.
+
+A conflict stops as the per-distribution rebase does. The release's own
+state (build/rebase/release/release.json) is what is left to do:
+
+    {"version": ..., "extra": [old, new], "queue": [{"name", "commit", "source"}],
+     "tables": [the finished distributions' reports], "build": ..., ...}
+
+the head of `queue` is the distribution whose own rebase stopped (its state is
+build/rebase/state/, as ever). `--continue` resumes that one and carries on
+with the rest; `--abort` aborts it and restores every file of the whole move,
+pyproject.toml included, from the backup taken before the first change
+(build/rebase/release/backup/). A later field is added with a default in
+ReleaseState, so an older state still loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import shutil
+import time
+import zipfile
+from typing import Any
+
+from packaging.requirements import Requirement
+
+from .. import buildcache, registry, sources, tomledit
+from ..errors import OverlayError
+from ..git import git
+from ..options import maxtext_requirement
+from ..pins import DISTRIBUTIONS, load_project
+from ..progress import step
+from ..staging import write_atomically
+from . import machine, state
+from .fasttests import run_fast_tests
+from .options import RebaseOptions
+from .render import render
+
+#: Where a MaxText release names its upstream commits, inside its wheel.
+DEPS_FILE = "dependencies/extra_deps/post_train_github_deps.txt"
+_COMMIT = re.compile(r"(?:/archive/|@)([0-9a-f]{40})(?:\.zip|\.tar\.gz)?$")
+
+
+def parse_deps(text: str, where: str) -> dict[str, str]:
+    """{distribution: commit} from a post_train_github_deps.txt."""
+    named: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, at, url = (part.strip() for part in line.partition(" @ "))
+        m = _COMMIT.search(url)
+        if not at or not m:
+            raise OverlayError(f"{where}: {line!r} names no upstream commit (expected `name @ <url ending in a 40-hex commit>`).")
+        named[Requirement(name).name] = m.group(1)
+    return named
+
+
+def release_commits(wheel: pathlib.Path) -> dict[str, str]:
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            text = zf.read(DEPS_FILE).decode()
+        except KeyError:
+            raise OverlayError(f"{wheel.name} has no {DEPS_FILE}: it names no upstream commits to move the pins to.") from None
+    return parse_deps(text, f"{wheel.name}:{DEPS_FILE}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    name: str
+    old: str
+    new: str
+    source: str | None  # the --source holding `new`; None where the pin stays
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    version: str
+    extra: tuple[str, str]  # pyproject's `maxtext` extra: now, and as the release's
+    moves: tuple[Move, ...]  # every distribution the release names, in build order
+    notes: tuple[str, ...]
+
+    @property
+    def moving(self) -> list[Move]:
+        return [m for m in self.moves if m.old != m.new]
+
+    @property
+    def unchanged(self) -> bool:
+        return not self.moving and self.extra[0] == self.extra[1]
+
+    def lines(self) -> list[str]:
+        old, new = self.extra
+        head = [f"rebase --maxtext {self.version}: the `maxtext` extra {old}" + (" (unchanged)" if old == new else f" -> {new}")]
+        width = max(len(m.name) for m in self.moves) if self.moves else 0
+        for m in self.moves:
+            where = "already the release's" if m.old == m.new else f"from {m.source}"
+            head.append(f"  {m.name:<{width}}  {m.old[:12]} -> {m.new[:12]}  ({where})")
+        return head + [f"  note: {n}" for n in self.notes]
+
+
+def plan(root: pathlib.Path, version: str, given: dict[str, str], cache: pathlib.Path) -> Plan:
+    """What `--maxtext VERSION` would do; refuses (status 3) before any change
+    when a commit to move to is in none of the sources given."""
+    project = load_project(root)
+    options = project.options.maxtext
+    requirement = maxtext_requirement(project.metadata.get("optional-dependencies", {}), options, str(root / "pyproject.toml"))
+    (extra,) = requirement.extras
+    wanted = f"{requirement.name}[{extra}]=={version}"
+    wheel = registry.release_wheel(requirement.name, version, cache / "releases")
+    named = release_commits(wheel)
+    unknown = sorted(set(given) - set(DISTRIBUTIONS))
+    if unknown:
+        raise OverlayError(f"--source: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(DISTRIBUTIONS)}.")
+    notes = [f"{wheel.name} names {n} {c[:12]}, which the overlay does not build: left alone" for n, c in named.items() if n not in DISTRIBUTIONS]
+    moves, missing = [], []
+    for name in DISTRIBUTIONS:
+        pin = project.pins[name]
+        if name not in named:
+            notes.append(f"{wheel.name} names no commit of {name}: its pin {pin.commit[:12]} stays")
+            continue
+        new = named[name]
+        source = given.get(name)
+        if new != pin.commit and not (source and _holds(pathlib.Path(source).expanduser(), new)):
+            missing.append((name, new, source))
+        moves.append(Move(name, pin.commit, new, source if new != pin.commit else None))
+    if missing:
+        raise OverlayError(
+            f"MaxText {version} names {len(missing)} commit(s) that none of the sources given holds; nothing was changed:\n"
+            + "".join(f"  {n} {c}" + (f" (not in --source {n}={s})" if s else " (no --source given for it)")
+                      + f": a clone or mirror of {project.pins[n].repository} holds it\n" for n, c, s in missing)
+            + "Pass --source NAME=PATH for each, PATH a git repository holding that commit."
+        )
+    return Plan(version, (str(requirement), wanted), tuple(moves), tuple(notes))
+
+
+def _holds(path: pathlib.Path, commit: str) -> bool:
+    if not path.is_dir():
+        return False
+    return git("cat-file", "-e", f"{commit}^{{commit}}", cwd=path, check=False).returncode == 0
+
+
+@dataclasses.dataclass
+class ReleaseOptions:
+    project_root: pathlib.Path
+    version: str
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # NAME=PATH: where each new commit is
+    build: bool = False
+    standins: bool = False
+    run_tests: bool = True
+    cache: pathlib.Path | None = None
+
+
+@dataclasses.dataclass
+class ReleaseState:
+    version: str
+    extra: list[str]  # [old, new] requirement of the `maxtext` extra
+    queue: list[dict[str, Any]]  # {"name", "commit", "source"}: the moves left, the head one in progress
+    plan: list[str]  # the plan's lines, for the report
+    tables: list[str] = dataclasses.field(default_factory=list)  # the finished moves' reports
+    touched: list[str] = dataclasses.field(default_factory=list)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    build: bool = False
+    standins: bool = False
+    run_tests: bool = True
+    cache: str = ""
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class ReleaseReport:
+    text: str
+    stopped: bool = False
+    tests_ok: bool = True
+
+    @property
+    def needs_action(self) -> bool:
+        return self.stopped or not self.tests_ok
+
+
+def _dir(root: pathlib.Path) -> pathlib.Path:
+    return root / "build" / "rebase" / "release"
+
+
+def in_progress(root: pathlib.Path) -> bool:
+    return (_dir(root.resolve()) / "release.json").is_file()
+
+
+def _save(root: pathlib.Path, run: ReleaseState) -> None:
+    write_atomically(_dir(root) / "release.json", json.dumps(dataclasses.asdict(run), indent=1))
+
+
+def _load(root: pathlib.Path) -> ReleaseState:
+    f = _dir(root) / "release.json"
+    try:
+        return ReleaseState(**json.loads(f.read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise OverlayError(f"{f} is not a release rebase state this tool reads ({exc}); undo by hand with "
+                           f"`git checkout -- patches pyproject.toml constraints.txt` in {root}, then remove {f.parent}.") from None
+
+
+def start(opts: ReleaseOptions) -> ReleaseReport:
+    began = time.monotonic()
+    root = opts.project_root.resolve()
+    for busy in (state.Paths(root, "").state_file, _dir(root) / "release.json"):
+        if busy.exists():
+            raise OverlayError(f"a rebase is in progress ({busy.parent}): finish it with scripts/rebase.sh --continue "
+                               "or undo it with scripts/rebase.sh --abort.")
+    machine.refuse_dirty(root)
+    cache = opts.cache or sources.cache_root()
+    with buildcache.using(cache):  # the release wheel goes into it; `clean` waits
+        the_plan = plan(root, opts.version, opts.sources, cache)
+    if the_plan.unchanged:
+        return ReleaseReport("\n".join(the_plan.lines()) + f"\n\nThe pins and the `maxtext` extra are already MaxText {opts.version}'s: nothing changed.")
+    pins = load_project(root).pins
+    touched = sorted({t for m in the_plan.moving for t in pins[m.name].rebase.touched(m.name)} | {"pyproject.toml"})
+    folder = _dir(root)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    state.backup(root, folder, touched)  # before the first change: --abort restores the whole move from it
+    run = ReleaseState(opts.version, list(the_plan.extra), [{"name": m.name, "commit": m.new, "source": m.source} for m in the_plan.moving],
+                       the_plan.lines(), touched=touched, sources=dict(opts.sources), build=opts.build, standins=opts.standins,
+                       run_tests=opts.run_tests, cache=str(cache))
+    _save(root, run)
+    return _advance(root, run, began)
+
+
+def resume(root: pathlib.Path) -> ReleaseReport:
+    root = root.resolve()
+    return _advance(root, _load(root), time.monotonic())
+
+
+def abort(root: pathlib.Path) -> str:
+    root = root.resolve()
+    run = _load(root)
+    if state.Paths(root, "").state_file.is_file():
+        machine.abort(root)  # the stopped distribution's work clone and state
+    state.restore(root, _dir(root), run.touched)
+    shutil.rmtree(_dir(root))
+    return f"rebase --maxtext {run.version} aborted: {', '.join(run.touched)} restored from the backup taken before the first change."
+
+
+def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseReport:
+    while run.queue:
+        move = run.queue[0]
+        if state.Paths(root, "").state_file.is_file():
+            report = machine.resume(root)  # the move that stopped, resolved by the person
+        else:
+            others = {n: p for n, p in run.sources.items() if n != move["name"]}
+            report = machine.start(RebaseOptions(root, move["name"], move["commit"], source=move["source"], build_sources=others,
+                                                 run_tests=False, cache=pathlib.Path(run.cache), check_clean=False))
+        if report.stopped:
+            run.seconds += time.monotonic() - began
+            _save(root, run)
+            text = "\n\n".join(["\n".join(run.plan), *run.tables, render(report)])
+            return ReleaseReport(text + f"\n(--continue goes on with {', '.join(m['name'] for m in run.queue[1:]) or 'the extra'} "
+                                 "after this one; --abort restores the whole move, pyproject.toml included.)", stopped=True)
+        report.message = ""  # one next step, for the whole move, below
+        run.tables.append(render(report))
+        run.queue.pop(0)
+        _save(root, run)
+    pyproject = root / "pyproject.toml"
+    extra = load_project(root).options.maxtext.extra
+    text = pyproject.read_text()
+    if run.extra[0] != run.extra[1]:
+        pyproject.write_text(tomledit.set_value(text, ("project", "optional-dependencies"), extra, [run.extra[1]], where=str(pyproject)))
+    if run.build:
+        _build(root, run)
+    shutil.rmtree(_dir(root))
+    lines = ["\n".join(run.plan), *run.tables]
+    ok = True
+    if run.run_tests:
+        tests = run_fast_tests(root, rebuilt=run.build)
+        ok = tests.ok
+        lines.append(f"fast tests (tests/unit): {'passed' if ok else 'FAILED'}: {tests.summary}"
+                     + "".join(f"\n  {t} left out: constraints.txt is stale until rebuilt" for t in tests.deselected))
+    lines.append(f"time: {run.seconds + time.monotonic() - began:.1f}s")
+    given = " ".join(f"--source {n}={p}" for n, p in sorted(run.sources.items()))
+    lines.append(f"Review with `git diff -- patches pyproject.toml constraints.txt` in {root} and commit together"
+                 + ("." if run.build else f"; first rebuild constraints.txt: scripts/build-wheels.sh {given}".rstrip() + "."))
+    return ReleaseReport("\n\n".join(lines), tests_ok=ok)
+
+
+def _build(root: pathlib.Path, run: ReleaseState) -> None:
+    from ..build import BuildOptions, build
+
+    with step("maxtext", f"building the wheels and constraints.txt for MaxText {run.version}"):
+        build(BuildOptions(project_root=root, sources=dict(run.sources), cache=pathlib.Path(run.cache),
+                           torch_standin=run.standins, allow_unpinned=run.standins))
