@@ -73,10 +73,14 @@ from collections.abc import Callable
 from support.fixes import maxtext_models, unpatched
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
-simulate_v6e_8()  # before jax is imported, as tests/fixes/conftest.py does
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
-os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"  # no persistent JAX cache
-os.environ["HF_HUB_OFFLINE"] = "1"
+#: The engine process's environment, set by main() before jax is imported;
+#: never at import (the test imports this module for progress_file, and its
+#: other children inherit its environment).
+PROCESS_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
+    "VLLM_DISABLE_COMPILE_CACHE": "1",  # no persistent JAX cache
+    "HF_HUB_OFFLINE": "1",
+}
 
 #: Configuration name -> (environment, vLLM's additional_config for the
 #: checkpoint folder, hf_overrides).
@@ -148,6 +152,8 @@ def main() -> int:
     args = parser.parse_args()
     env, config_for, hf_overrides = CONFIGS[args.config]
     additional_config = config_for(args.checkpoint)
+    simulate_v6e_8()  # before jax is imported, as tests/fixes/conftest.py does
+    os.environ.update(PROCESS_ENV)
     os.environ.update(env)  # before tpu_inference is imported
     result: dict = {"upstream": args.upstream, "config": args.config, "platform": PLATFORM, "events": [],
                     "stand_ins": {}, "seconds": {}, "generates": {}, "distributions": []}

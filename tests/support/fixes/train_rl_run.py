@@ -79,17 +79,22 @@ import traceback
 from support.fixes import maxtext_models, unpatched
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
-simulate_v6e_8()  # before jax is imported
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
-os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ["TOKENIZERS_PARALLELISM"] = "false"
-# As MaxText's integration test sets them (NEW_MODEL_DESIGN only where its
-# configuration needs it: see CONFIGS).
-os.environ["TPU_BACKEND_TYPE"] = "jax"
-os.environ["SKIP_JAX_PRECOMPILE"] = "1"
-os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+#: The run's process environment, set by main() before anything heavy is
+#: imported; never at import: the test process imports this module for its
+#: constants, and its engine tests' children inherit its environment (a
+#: SKIP_JAX_PRECOMPILE leaked there skips the precompilation they check).
+PROCESS_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
+    "VLLM_DISABLE_COMPILE_CACHE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # As MaxText's integration test sets them (NEW_MODEL_DESIGN only where its
+    # configuration needs it: see CONFIGS).
+    "TPU_BACKEND_TYPE": "jax",
+    "SKIP_JAX_PRECOMPILE": "1",
+    "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
+}
 
 UPSTREAMS = ("tunix", "tpu_inference", "vllm")
 
@@ -450,6 +455,8 @@ def main() -> int:
     parser.add_argument("--upstream", action="store_true")
     parser.add_argument("--shims", action="store_true")
     args = parser.parse_args()
+    simulate_v6e_8()  # before jax is imported
+    os.environ.update(PROCESS_ENV)
     run = Run(args.result, args)
     os.environ.update(CONFIGS[args.config]["env"])
     if args.upstream:
