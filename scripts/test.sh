@@ -14,7 +14,7 @@ MRL_SOURCES=$(upstream_sources "$root")
 export MRL_SOURCES
 echo "scripts/test.sh: upstream sources: ${MRL_SOURCES:-none (the PyPI stand-ins)}" >&2
 # Lint and types first: seconds, and a finding fails the run like a test.
-ruff check overlay tests
+ruff check overlay tests scripts
 mypy
 python -m pytest tests/unit tests/pipeline tests/rebase -p no:cacheprovider "$@"
 scripts/test-matrix.sh --platform cpu --quick --standins
