@@ -138,13 +138,21 @@ def test_a_release_moves_its_pins_and_the_extra(small_upstream, served, tmp_path
     assert not (project / "build" / "rebase" / "release").exists()
 
 
-def test_a_conflict_stops_the_move_and_abort_restores_all_of_it(small_upstream, served, tmp_path):
+@pytest.fixture
+def conflicting_move(small_upstream, served, tmp_path):
+    """A project whose patch conflicts with the tpu-inference commit that a
+    release (0.2.5.dev1, served) names: (project, index URL, repository, that commit)."""
     repo, pin = small_upstream
     patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
     moved = _git(repo, "rev-parse", "moved")
     project = _project(tmp_path, repo, pin, patch)
     folder, index = served
     maxtext_release(folder, "0.2.5.dev1", {**ROOT_PINS, "tpu-inference": moved})
+    return project, index, repo, moved
+
+
+def test_a_conflict_stops_the_move_and_abort_restores_all_of_it(conflicting_move):
+    project, index, repo, _ = conflicting_move
     before = {p: (project / p).read_bytes() for p in ("pyproject.toml", "patches/tpu-inference/pin.toml")}
     proc = _tool(project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={repo}", "--no-tests")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -156,13 +164,8 @@ def test_a_conflict_stops_the_move_and_abort_restores_all_of_it(small_upstream, 
     assert not (project / "build" / "rebase").exists() or not any((project / "build" / "rebase").iterdir())
 
 
-def test_continue_finishes_the_stopped_pin_then_moves_the_extra(small_upstream, served, tmp_path):
-    repo, pin = small_upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    moved = _git(repo, "rev-parse", "moved")
-    project = _project(tmp_path, repo, pin, patch)
-    folder, index = served
-    maxtext_release(folder, "0.2.5.dev1", {**ROOT_PINS, "tpu-inference": moved})
+def test_continue_finishes_the_stopped_pin_then_moves_the_extra(conflicting_move):
+    project, index, repo, moved = conflicting_move
     assert _tool(project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={repo}", "--no-tests").returncode == 1
     work = project / "build" / "rebase" / "tpu-inference"
     (work / "tpu_inference" / "__init__.py").write_text("A = 3\n")
