@@ -125,10 +125,14 @@ def bind_upstream() -> list[str]:
     bsearch = load_unpatched("tpu-inference", "tpu_inference.layers.common.binary_search")
     sampling = load_unpatched("tpu-inference", "tpu_inference.layers.jax.sample.sampling")
     sampling.topk_mask, sampling.topp_mask = bsearch.topk_mask, bsearch.topp_mask
+    from support.fixes.runner import takes_the_runners_mesh
+
     for module in (cmm, tpu_runner):
         for name in ("sample", "compute_and_gather_logprobs", "compute_and_gather_prompt_logprobs"):
             if hasattr(module, name):
-                setattr(module, name, getattr(sampling, name))
+                fn = getattr(sampling, name)
+                # The overlay's runner passes its mesh (patch 0006); the pin's functions take none.
+                setattr(module, name, fn if name == "sample" else takes_the_runners_mesh(fn))
                 bound.append(f"{module.__name__}.{name}")
     if series_touches("tpu-inference", "tpu_inference/runner/tpu_runner.py"):  # the backport of 984b29c49
         from support.fixes.runner import pin_runner

@@ -25,6 +25,16 @@ def collective_shapes(compiled) -> list[tuple[str, int]]:
     ]
 
 
+def collective_results(hlo_text: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(collective, dtype, dims) of every array a collective yields in
+    compiled HLO text: what says whether one moves a vocab-sized tensor."""
+    return [
+        (m.group(2), dtype, tuple(int(d) for d in dims.split(",") if d))
+        for m in _COLLECTIVE_LINE.finditer(hlo_text)
+        for dtype, dims in _SHAPE.findall(m.group(1))
+    ]
+
+
 def collective_bytes(compiled) -> int:
     """Bytes of the results of every collective in the compiled HLO."""
     return sum(_BYTES[dtype] * n for dtype, n in collective_shapes(compiled))

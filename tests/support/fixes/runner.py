@@ -7,6 +7,7 @@ the rejection sampler's (patch 0005, test_0005_rejection_sampler.py)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pathlib
 import re
@@ -90,3 +91,22 @@ def upstream_sampler() -> types.SimpleNamespace:
 def overlay_sampler() -> types.SimpleNamespace:
     """The installed overlay's sampling.py and rejection_sampler.py."""
     return types.SimpleNamespace(sampling=importlib.import_module(SAMPLING), rejection=importlib.import_module(REJECTION))
+
+
+def takes_the_runners_mesh(fn):
+    """The pin's `compute_and_gather_logprobs` or `..._prompt_logprobs`,
+    callable as the overlay's callers call them: patch 0006 has the runner,
+    the decode loop and the compilation manager pass the runner's mesh as a
+    fourth (static) argument, which the pin's functions do not take. A jit
+    (so that the compilation manager can lower it) that drops the mesh and
+    calls the pin's function: the same computation, one call deeper."""
+    import inspect
+
+    if "mesh" in inspect.signature(fn).parameters:
+        return fn
+
+    @functools.partial(jax.jit, static_argnames=("max_logprobs", "mesh"))
+    def with_mesh(logits, token_ids, max_logprobs, mesh=None):
+        return fn(logits, token_ids, max_logprobs)
+
+    return with_mesh

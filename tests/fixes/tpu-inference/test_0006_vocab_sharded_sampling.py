@@ -1,0 +1,169 @@
+"""tpu-inference: sampling and logprobs on the vocab-sharded logits of the
+runner's mesh (patches/tpu-inference/0006).
+
+On the runner's mesh (Auto axes; support/fixes/runner.py builds it with the
+runner's own code), upstream's `sample()` and `compute_and_gather_logprobs`
+compile with an all-gather of the whole [B, V] logits onto every device.
+Patch 0006 passes the runner's mesh to them and works shard by shard: each
+shard's candidates (values, global ids) cross devices, never the vocab.
+
+These tests run the INSTALLED wheel against the pin's sampler
+(support/fixes/runner.py: upstream_sampler) on the same mesh and inputs:
+- the compiled programs: upstream's hold a collective yielding a tensor with
+  the vocab as a dimension, the overlay's none; where the mesh does not
+  partition the vocab ("model" of size 1) the overlay's program is
+  upstream's, text for text;
+- greedy and sampled tokens for the same keys identical to upstream's, the
+  processed logits (the top-k/top-p sets, ties at the k-th value included)
+  identical, including rows that take the fallback searches (top_k above the
+  candidate budget; top-p needing more than the candidates);
+- logprobs (raw and processed, sampled-token and prompt): ids and ranks
+  identical, logprobs equal to float rounding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from support.fixes.logprobs import assert_same_result, collective_results
+from support.fixes.matrix import MESHES, TOP_K
+from support.fixes.runner import overlay_sampler, runner_mesh, upstream_sampler
+
+B, V = 8, 1024
+KEYS = (0, 1, 2, 3)
+
+mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    return upstream_sampler().sampling
+
+
+@pytest.fixture(scope="module")
+def overlay():
+    return overlay_sampler().sampling
+
+
+def partitions_vocab(mesh_shape) -> bool:
+    return mesh_shape[1] > 1  # ("data", "model"): the vocab is sharded over "model"
+
+
+def logits_with_ties() -> np.ndarray:
+    rng = np.random.default_rng(20261202)
+    x = (rng.normal(size=(B, V)) * 3).astype(np.float32)
+    x[0, [3, 700]] = x[0].max() + 1  # a tie for the maximum: argmax takes the first
+    # Row 1: the 5th largest value four times, on different shards (top_k 5: all kept).
+    top = np.sort(x[1])[::-1]
+    x[1, [10, 300, 555, 1000]] = top[4]
+    # Row 3: 100 equal values at the top (top_k 70 > the budget: the fallback search; ties kept).
+    x[3, ::10][:100] = 9.0
+    # Row 5: a flat row with top_p 0.999: more than the candidates are kept (the fallback search).
+    x[5] = rng.normal(size=V).astype(np.float32) * 0.01
+    return x
+
+
+TEMPERATURE = np.array([0.7, 1.0, 0.0, 1.3, 0.5, 1.0, 2.0, 0.9], np.float32)
+TOP_KS = np.array([5, 5, 3, 70, 1, 0, 10, 20], np.int32)
+TOP_P = np.array([0.9, 1.0, 1.0, 1.0, 0.5, 0.999, 0.95, 0.7], np.float32)
+
+
+def metadata(mesh, do_sampling, top_k=TOP_KS):
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
+
+    def put(a, spec):
+        return jax.device_put(a, NamedSharding(mesh, spec))
+
+    dummy = put(np.zeros((2,), np.int32), P())
+    if not do_sampling:
+        return TPUSupportedSamplingMetadata(do_sampling=False, _cache_collision_dummy=dummy)
+    rows = P(ShardingAxisName.ATTN_DATA)
+    return TPUSupportedSamplingMetadata(temperature=put(TEMPERATURE, rows), top_k=put(top_k, rows), top_p=put(TOP_P, rows),
+                                        _cache_collision_dummy=dummy, do_sampling=True)
+
+
+def logits_on(mesh, x=None):
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    x = logits_with_ties() if x is None else x
+    return jax.device_put(x, NamedSharding(mesh, P(ShardingAxisName.MLP_DATA, ShardingAxisName.MLP_TENSOR)))
+
+
+def programs(module, mesh, k=20) -> dict[str, str]:
+    """The compiled HLO of each program as the runner calls it (the overlay's
+    logprobs functions with the runner's mesh; the pin's take none)."""
+    x = logits_on(mesh)
+    ids = jax.device_put(np.arange(B, dtype=np.int32), NamedSharding(mesh, P()))
+    takes_mesh = (mesh,) if module.__name__.endswith("sampling") else ()
+    out = {}
+    for sampled in (False, True):
+        out[f"sample(do_sampling={sampled})"] = module.sample.lower(jax.random.key(0), mesh, x, metadata(mesh, sampled)).compile().as_text()
+    out["compute_and_gather_logprobs"] = module.compute_and_gather_logprobs.lower(x, ids, k, *takes_mesh).compile().as_text()
+    out["compute_and_gather_prompt_logprobs"] = module.compute_and_gather_prompt_logprobs.lower(x, ids, k, *takes_mesh).compile().as_text()
+    return out
+
+
+def vocab_collectives(hlo: str) -> list:
+    return [c for c in collective_results(hlo) if V in c[2]]
+
+
+@mesh_ids
+def test_no_collective_moves_the_vocab(upstream, overlay, mesh_shape):
+    mesh = runner_mesh(mesh_shape, "auto")
+    theirs, ours = programs(upstream, mesh), programs(overlay, mesh)
+    if not partitions_vocab(mesh_shape):
+        # Today's path stays where the mesh does not partition the vocab.
+        assert ours == theirs
+        return
+    # Upstream: every program gathers the whole rows (e.g. all-gather f32[8,1024]).
+    assert all(vocab_collectives(hlo) for hlo in theirs.values()), {k: vocab_collectives(v) for k, v in theirs.items()}
+    assert {k: vocab_collectives(v) for k, v in ours.items()} == dict.fromkeys(ours, [])
+
+
+@mesh_ids
+def test_sampled_tokens_and_sets_are_upstreams(upstream, overlay, mesh_shape):
+    mesh = runner_mesh(mesh_shape, "auto")
+    x = logits_on(mesh)
+    for sampled in (False, True):
+        for key in KEYS:
+            want_tokens, want_logits = upstream.sample(jax.random.key(key), mesh, x, metadata(mesh, sampled))
+            got_tokens, got_logits = overlay.sample(jax.random.key(key), mesh, x, metadata(mesh, sampled))
+            np.testing.assert_array_equal(np.asarray(got_tokens), np.asarray(want_tokens), err_msg=f"tokens, key {key}")
+            want_logits, got_logits = np.asarray(want_logits), np.asarray(got_logits)
+            # The same top-k/top-p sets (masked to -1e12), the same values.
+            np.testing.assert_array_equal(got_logits <= -1e11, want_logits <= -1e11, err_msg="kept set")
+            np.testing.assert_allclose(got_logits, want_logits, rtol=1e-6, err_msg="processed logits")
+    kept = (np.asarray(overlay.sample(jax.random.key(0), mesh, x, metadata(mesh, True))[1]) > -1e11).sum(axis=1)
+    # The ties and fallbacks the rows are built for really happened.
+    assert kept[1] == 8 and kept[3] == 100 and kept[5] > 64 * 8, kept
+
+
+@mesh_ids
+@pytest.mark.parametrize("k", TOP_K)
+def test_logprobs_are_upstreams(upstream, overlay, mesh_shape, k):
+    mesh = runner_mesh(mesh_shape, "auto")
+    x = logits_on(mesh)
+    _, processed = overlay.sample(jax.random.key(0), mesh, x, metadata(mesh, True))
+    ids = jax.device_put(np.array([0, 3, 700, 1023, 5, 1000, 10, 300], np.int32), NamedSharding(mesh, P()))
+    for what, logits in (("raw", x), ("processed", processed)):
+        for fn in ("compute_and_gather_logprobs", "compute_and_gather_prompt_logprobs"):
+            want = getattr(upstream, fn)(logits, ids, k)
+            got = getattr(overlay, fn)(logits, ids, k, mesh)
+            assert_same_result([np.asarray(a) for a in got[:3]], [np.asarray(a) for a in want[:3]], "float32", f"{fn} {what} k={k}")
+
+
+def test_vocab_layout_only_where_the_vocab_is_partitioned():
+    from tpu_inference.layers.jax.sample import vocab_sharded
+
+    assert vocab_sharded.vocab_layout(runner_mesh((1, 8), "auto"), (B, V)).vocab_axes == ("model",)
+    assert vocab_sharded.vocab_layout(runner_mesh((8, 1), "auto"), (B, V)) is None  # all devices on the rows
+    assert vocab_sharded.vocab_layout(runner_mesh((1, 8), "explicit"), (B, V)) is None  # 0001-0004's path
+    assert vocab_sharded.vocab_layout(None, (B, V)) is None
+    assert vocab_sharded.vocab_layout(runner_mesh((1, 8), "auto"), (B, V + 1)) is None  # not evenly split
+    assert not vocab_sharded.uses_candidates(vocab_sharded.vocab_layout(runner_mesh((1, 8), "auto"), (B, V)), V, V // 8)
