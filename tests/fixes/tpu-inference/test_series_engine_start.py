@@ -150,6 +150,15 @@ def start_engine(tmp_path, checkpoint, config, upstream) -> dict:
     return result
 
 
+def sampler_programs(result) -> dict[str, list[str]]:
+    """Each precompiled sampling and logprobs program the engine compiled
+    (support/fixes/engine_start.py compiles it again and reads its HLO): the
+    collectives yielding a tensor with the vocab as a dimension."""
+    programs = result["programs"]
+    assert programs and not [p for p in programs if p.get("failed")], programs
+    return {f"{p['name']}{p['shapes']}": p["vocab_collectives"] for p in programs}
+
+
 def record_stand_in(record_property, result):
     """The engine's TPU kernels' stand-in (where one was active), in the JUnit record."""
     if result["stand_ins"].get("tpu_kernels"):
@@ -246,6 +255,9 @@ def test_engine_generates_the_reference_tokens_on_the_reported_configuration(ker
     ], result["events"]
     assert not result.get("stopped"), describe(result)
     check_reference(result, reference, record_property)
+    # Patch 0006: no sampling or logprobs program gathers the vocab.
+    programs = sampler_programs(result)
+    assert len(programs) == len(SAMPLER_COMPILATIONS) and all(v == [] for v in programs.values()), programs
 
 
 @pytest.mark.parametrize("kernels", [KERNELS])
@@ -255,6 +267,11 @@ def test_upstream_generates_the_reference_tokens_on_the_new_model_design_mesh(ke
     assert set(result["mesh"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["shape"]["model"] == 8, result["mesh"]
     assert not result.get("stopped"), describe(result)
     check_reference(result, reference, record_property)
+    # The pin's sampler on the engine's Auto mesh: the sampled and logprobs
+    # programs all-gather the whole [B, V] logits (patch 0006 removes that).
+    programs = sampler_programs(result)
+    sampling_or_logprobs = [name for name in programs if "'do_sampling': 'False'" not in name]
+    assert sampling_or_logprobs and all(programs[name] for name in sampling_or_logprobs), programs
 
 
 @pytest.mark.parametrize("kernels", [KERNELS])
@@ -299,6 +316,9 @@ def test_maxtext_model_generates_maxtexts_own_tokens(kernels, engines, maxtext_m
     assert set(result["mesh"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["shape"]["model"] == 8, result["mesh"]
     assert not result.get("stopped"), describe(result)
     check_reference(result, reference, record_property)
+    # Patch 0006 on the 7-axis mesh: no sampling or logprobs program gathers the vocab.
+    programs = sampler_programs(result)
+    assert programs and all(v == [] for v in programs.values()), programs
     # MaxText installed: its vLLM plugin imports its Tunix adapter in the engine, shims and all.
     assert result["maxtext_shims"], "MaxText's vLLM plugin imports its shims in every engine"
 

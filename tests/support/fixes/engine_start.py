@@ -46,7 +46,9 @@ in order, with the engine-start step (`initialize_from_config`, the KV caches,
 `capture_model`) they belong to, and the failures to lower that the compilation
 manager logs and leaves to the warmup call; the seconds the engine start and
 each generate took; each generate's tokens and logprobs; the request
-distributions the runner gave the attention kernel; or the exception that
+distributions the runner gave the attention kernel; the collectives of the
+compiled HLO of each sampling and logprobs program (`programs`, those whose
+result has the vocab as a dimension apart); or the exception that
 stopped the engine, with the innermost frames of the installed packages it
 went through; and `stand_ins`, what stood in for the TPU.
 
@@ -71,6 +73,7 @@ import traceback
 from collections.abc import Callable
 
 from support.fixes import maxtext_models, unpatched
+from support.fixes.logprobs import collective_results
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
 #: The engine process's environment, set by main() before jax is imported;
@@ -89,6 +92,9 @@ CONFIGS: dict[str, tuple[dict[str, str], Callable[[pathlib.Path], dict], dict]] 
     "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, lambda _: {}, {}),
     "maxtext": ({"NEW_MODEL_DESIGN": "1"}, maxtext_models.engine_additional_config, {"architectures": ["MaxTextForCausalLM"]}),
 }
+#: The compilation manager's sampling and logprobs programs, by name: each is
+#: compiled once more and its collectives recorded (RESULT.json's `programs`).
+SAMPLER_PROGRAMS = ("sample", "gather_logprobs", "gather_logprobs_spec", "compute_and_gather_prompt_logprobs")
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
 SEED = 1234
 #: The RL rollout's batch: prompts of different lengths (token ids).
@@ -160,7 +166,7 @@ def main() -> int:
     os.environ.update(PROCESS_ENV)
     os.environ.update(env)  # before tpu_inference is imported
     result: dict = {"upstream": args.upstream, "config": args.config, "platform": PLATFORM, "events": [],
-                    "stand_ins": {}, "seconds": {}, "generates": {}, "distributions": []}
+                    "stand_ins": {}, "seconds": {}, "generates": {}, "distributions": [], "programs": []}
     events = result["events"]
     step = ["engine"]
     # Where the engine is, kept on disk as it goes: a run stopped at its
@@ -234,6 +240,31 @@ def main() -> int:
         name = args[0].split(" ", 1)[-1]
         events.append({"step": step[0], "event": "compile", "name": name, "shapes": {k: str(v) for k, v in shapes.items()}})
         note_progress()
+        if name in SAMPLER_PROGRAMS:
+            inspect_program(self, name, shapes, args[1], args[2:], kwargs.get("call_kwargs") or {})
+
+    def inspect_program(self, name, shapes, fn, fn_args, call_kwargs):
+        # The compiled HLO of each sampling and logprobs program, as the
+        # compilation manager lowers it (inside the runner's mesh): the
+        # collectives it holds, and those yielding a tensor with the vocab as
+        # a dimension. Compiled again here (the manager keeps no handle).
+        events.append({"step": step[0], "event": "inspect", "name": name, "shapes": {k: str(v) for k, v in shapes.items()}})
+        note_progress()
+        program = {"name": name, "shapes": {k: str(v) for k, v in shapes.items()}}
+        result["programs"].append(program)
+        try:
+            with jax.set_mesh(self.runner.mesh):
+                text = fn.lower(*fn_args, **call_kwargs).compile().as_text()
+        except Exception as error:  # noqa: BLE001 - the manager's own call reports it as it does
+            program["failed"] = f"{type(error).__name__}: {str(error)[:300]}"
+            return
+        collectives = collective_results(text)
+        vocab = self.runner.vocab_size
+        program.update({
+            "vocab_size": vocab,
+            "collectives": [f"{c} {d}{list(dims)}" for c, d, dims in collectives],
+            "vocab_collectives": [f"{c} {d}{list(dims)}" for c, d, dims in collectives if vocab in dims],
+        })
 
     class LowerSkipped(logging.Handler):
         # _run_compilation logs a failure to lower a compile_only=False
