@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from support.fixes.unpatched import load_unpatched
+from support.fixes.unpatched import load_before, load_unpatched
 
 SAMPLING = "tpu_inference.layers.jax.sample.sampling"
 BSEARCH = "tpu_inference.layers.common.binary_search"
@@ -26,6 +26,14 @@ def upstream_sampling(upstream_bsearch):
     mod.topk_mask, mod.topp_mask = upstream_bsearch.topk_mask, upstream_bsearch.topp_mask
     assert "constrain_sharding" not in pathlib.Path(mod.__file__).read_text()
     return mod
+
+
+def before_0006():
+    """sampling.py as the series leaves it before patch 0006, which changes
+    the programs of Auto meshes that partition the vocab: what the tests of
+    0003 and 0004 compare with upstream's there (0006's tests compare the
+    installed one)."""
+    return load_before("tpu-inference", SAMPLING, "0006-", SAMPLING + "__before_0006")
 
 
 def host_logits() -> np.ndarray:
