@@ -130,7 +130,7 @@ def bind_upstream() -> list[str]:
             if hasattr(module, name):
                 setattr(module, name, getattr(sampling, name))
                 bound.append(f"{module.__name__}.{name}")
-    if series_touches("tpu-inference", "tpu_inference/runner/tpu_runner.py"):  # the backport of 984b29c49
+    if series_touches("tpu-inference", "tpu_inference/runner/tpu_runner.py"):  # the backports of 984b29c49 (the mesh) and e27319786
         from support.fixes.runner import pin_runner
 
         tpu_runner.TPUModelRunner._create_2d_mesh = pin_runner()._create_2d_mesh
