@@ -293,6 +293,14 @@ def test_find_base_bisects_first_parent_history(upstream, tmp_path):
 
 BACKPORT = "backport-984b29c49-Use-raw-Mesh-constructor-when-device_indexes-is-set.patch"
 BACKPORTED = "984b29c49369360daa2b498fc527d61b6ec18874"
+#: Every tpu-inference backport (its name's prefix) and the upstream commit
+#: the rebase names where it drops it, given the history: the commit itself
+#: where the patch keeps upstream's patch-id (None where it does not: then
+#: the new pin is named).
+BACKPORTS = {
+    "backport-984b29c49-": BACKPORTED,
+    "backport-e27319786-": "e27319786db9bb69061ea6b7135215fc4ea16854",
+}
 SOURCES = dict(s.split("=", 1) for s in os.environ.get("MRL_SOURCES", "").split())
 #: Upstream commits past the backported one that a source of the pins holds
 #: (../shared/upstream's tpu-inference.git tags them, as does a full mirror
@@ -307,24 +315,27 @@ NEEDS_TPU_INFERENCE = pytest.mark.skipif(
 )
 
 
-def where_the_backport_is(repo: pathlib.Path, new: str) -> str:
-    """Where the rebase records the backport as applied upstream: in
+def where_the_backport_is(repo: pathlib.Path, new: str, upstream: str | None = BACKPORTED) -> str:
+    """Where the rebase records a backport as applied upstream: in
     upstream's own commit where the repository holds the history between the
-    pins (a mirror), else in the new pin, which contains it (a repository
-    holding only the pinned commits, as ../shared/upstream's does)."""
-    has_history = subprocess.run(["git", "cat-file", "-e", f"{BACKPORTED}^{{commit}}"], cwd=repo, capture_output=True).returncode == 0
-    return BACKPORTED if has_history else new
+    pins (a mirror) and the patch keeps that commit's patch-id, else in the
+    new pin, which contains it (a repository holding only the pinned
+    commits, as ../shared/upstream's does)."""
+    if upstream is None:
+        return new
+    has_history = subprocess.run(["git", "cat-file", "-e", f"{upstream}^{{commit}}"], cwd=repo, capture_output=True).returncode == 0
+    return upstream if has_history else new
 
 
 @pytest.mark.github
 @NEEDS_TPU_INFERENCE
 def test_backport_drops_on_a_rebase_past_its_upstream_commit(tmp_path):
     repo = pathlib.Path(SOURCES["tpu-inference"])
-    project = make_project(tmp_path / "project", {}, keep={"tpu-inference": ("backport-", "0001-")})
+    project = make_project(tmp_path / "project", {}, keep={"tpu-inference": ("backport-984b29c49-", "0001-")})
     proc = rebase(project, "tpu-inference", "v0.27.0", "--source", str(repo), "--no-tests")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     where = where_the_backport_is(repo, PAST_THE_BACKPORT["v0.27.0"])
-    assert row(proc.stdout, "backport-") == f"dropped: already upstream  (Applied-Upstream: {where[:12]})", proc.stdout
+    assert row(proc.stdout, "backport-984b29c49-") == f"dropped: already upstream  (Applied-Upstream: {where[:12]})", proc.stdout
     assert row(proc.stdout, "0001-") == "applied cleanly", proc.stdout
     series = (project / TPU / "series").read_text()
     assert f"# Applied-Upstream: {BACKPORT} in {where} " in series, series
@@ -338,15 +349,18 @@ def test_the_whole_series_onto_upstreams_main(tmp_path):
     """The real series, every patch, onto upstream's main of 2026-08-22 (170
     commits past the pin): the backport drops as applied upstream, every
     local patch applies (0003 needs git's 3-way merge there), and the pin
-    moves to that commit."""
+    moves to that commit. Every backport drops: both are upstream there."""
     repo = pathlib.Path(SOURCES["tpu-inference"])
     new = PAST_THE_BACKPORT["main-2026-08-22"]
     project = make_project(tmp_path / "project", {})
     local = [n for n in (project / TPU / "series").read_text().split() if n.startswith("0")]
     proc = rebase(project, "tpu-inference", new, "--source", str(repo), "--no-tests")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    where = where_the_backport_is(repo, new)
-    assert row(proc.stdout, "backport-") == f"dropped: already upstream  (Applied-Upstream: {where[:12]})", proc.stdout
+    series = (project / TPU / "series").read_text()
+    for prefix, upstream in BACKPORTS.items():
+        where = where_the_backport_is(repo, new, upstream)
+        assert row(proc.stdout, prefix) == f"dropped: already upstream  (Applied-Upstream: {where[:12]})", proc.stdout
+        assert f"# Applied-Upstream: {prefix}" in series and not list((project / TPU).glob(prefix + "*")), series
     for name in local:
         assert row(proc.stdout, name).startswith("applied"), proc.stdout
         assert (project / TPU / name).is_file()

@@ -140,7 +140,7 @@ def bind_upstream() -> list[str]:
                 # The overlay's runner passes its mesh (patch 0006); the pin's functions take none.
                 setattr(module, name, fn if name == "sample" else takes_the_runners_mesh(fn))
                 bound.append(f"{module.__name__}.{name}")
-    if series_touches("tpu-inference", "tpu_inference/runner/tpu_runner.py"):  # the backport of 984b29c49
+    if series_touches("tpu-inference", "tpu_inference/runner/tpu_runner.py"):  # the backports of 984b29c49 (the mesh) and e27319786
         from support.fixes.runner import pin_runner
 
         tpu_runner.TPUModelRunner._create_2d_mesh = pin_runner()._create_2d_mesh

@@ -53,7 +53,8 @@ def create_2d_mesh(runner_cls, shape: tuple[int, int], device_indexes: list[int]
 
 def pin_runner() -> type:
     """The pin's TPUModelRunner: tpu_runner.py with the series reverse-applied
-    (the backport of 984b29c49 is the series' only change to it)."""
+    (the series changes it in the backports of 984b29c49, the mesh, and
+    e27319786, reset_encoder_cache)."""
     return load_unpatched("tpu-inference", RUNNER).TPUModelRunner
 
 
