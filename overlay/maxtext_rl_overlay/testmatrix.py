@@ -35,6 +35,10 @@ DEVICES = 8
 AXIS_TYPES = ("explicit", "auto")
 
 _MATRIX_KEYS = {"cells", "meshes", "axis-types", "k", "dtypes", "quick"}
+#: Keys only the `quick` table has.
+_QUICK_ONLY_KEYS = {"tests"}
+#: The suite each run takes unless the quick matrix names its own part of it.
+SUITE = "tests/fixes"
 #: The JUnit property by which a test names what stood in for the hardware
 #: while it ran (e.g. "pallas-interpret": the TPU kernels interpreted on the
 #: CPU); the table lists them per cell, so no result reads as a TPU's.
@@ -66,6 +70,17 @@ class Matrix:
     axis_types: tuple[str, ...]
     k: tuple[int, ...]
     dtypes: tuple[str, ...]
+    #: run label (`cell` or `cell/run`) -> the parts of tests/fixes it runs
+    #: (paths or node ids, from the project root); a run not named runs them all.
+    tests: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def tests_of(self, label: str) -> tuple[str, ...]:
+        return self.tests.get(label, (SUITE,))
+
+
+def run_label(cell: str, run: str) -> str:
+    """A run's name in the matrix's output, its table and the quick `tests`: the cell's, or `cell/run`."""
+    return f"{cell}/{run}" if run else cell
 
 
 @dataclasses.dataclass
@@ -94,7 +109,8 @@ def load_matrix(matrix: Mapping[str, Any], *, where: str, quick: bool) -> Matrix
         raise OverlayError(f"{where} is missing: the matrix's cells and parameters are declared there.")
     refuse_unknown(set(table), _MATRIX_KEYS, where)
     subset = dict(options.table(table.pop("quick", {}), f"{where[:-1]}.quick]"))
-    refuse_unknown(set(subset), _MATRIX_KEYS - {"quick"}, f"{where[:-1]}.quick]")
+    refuse_unknown(set(subset), _MATRIX_KEYS - {"quick"} | _QUICK_ONLY_KEYS, f"{where[:-1]}.quick]")
+    quick_tests = options.table(subset.pop("tests", {}), f"{where[:-1]}.quick.tests]")
     missing = sorted(_MATRIX_KEYS - {"quick"} - set(table))
     if missing:
         raise OverlayError(f"{where} lacks {', '.join(missing)}.")
@@ -109,6 +125,7 @@ def load_matrix(matrix: Mapping[str, Any], *, where: str, quick: bool) -> Matrix
             raise OverlayError(f"{where} quick: unknown cell(s) {', '.join(unknown)}; the cells are {', '.join(names)}.")
         cells = [c for c in cells if c.name in chosen]
         table.update({k: v for k, v in subset.items() if k != "cells"})
+    tests = _quick_tests(quick_tests, cells, f"{where[:-1]}.quick.tests]") if quick else {}
     meshes = []
     for mesh in _list(table, "meshes", where, list):
         if len(mesh) != 2 or not all(isinstance(n, int) and n > 0 for n in mesh) or mesh[0] * mesh[1] != DEVICES:
@@ -120,7 +137,21 @@ def load_matrix(matrix: Mapping[str, Any], *, where: str, quick: bool) -> Matrix
     k = _list(table, "k", where, int)
     if any(n <= 0 for n in k):
         raise OverlayError(f"{where}: every k must be positive, not {k}.")
-    return Matrix(tuple(cells), tuple(meshes), tuple(axis_types), tuple(k), tuple(_list(table, "dtypes", where, str)))
+    return Matrix(tuple(cells), tuple(meshes), tuple(axis_types), tuple(k), tuple(_list(table, "dtypes", where, str)), tests)
+
+
+def _quick_tests(table: Mapping[str, Any], cells: list[Cell], where: str) -> dict[str, tuple[str, ...]]:
+    """The quick matrix's `tests`: run label -> the parts of the suite it runs."""
+    labels = [run_label(c.name, r) for c in cells for r in c.runs]
+    refuse_unknown(set(table), set(labels), where)
+    tests = {}
+    for label in table:
+        paths = _list(table, label, where, str)
+        outside = [p for p in paths if p.split("::")[0] != SUITE and not p.startswith(SUITE + "/")]
+        if outside:
+            raise OverlayError(f"{where} {label}: {', '.join(outside)} is not a part of {SUITE} (the suite the runs take).")
+        tests[label] = tuple(paths)
+    return tests
 
 
 def _list(table: Mapping[str, Any], key: str, where: str, kind: type) -> list[Any]:
@@ -149,8 +180,21 @@ def _cell(c: dict[str, Any], where: str) -> Cell:
 
 
 def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
+    return list(load(project_root, quick).cells)
+
+
+def load(project_root: pathlib.Path, quick: bool) -> Matrix:
+    """The project's matrix, to run: each part of the suite the quick matrix
+    names must exist (lint, which may read a project without its tests,
+    checks the rest)."""
     project = load_project(project_root)
-    return list(load_matrix(project.options.matrix, where=str(project.root / "pyproject.toml"), quick=quick).cells)
+    matrix = load_matrix(project.options.matrix, where=str(project.root / "pyproject.toml"), quick=quick)
+    for label, paths in matrix.tests.items():
+        missing = [p for p in paths if not (project.root / p.split("::")[0]).exists()]
+        if missing:
+            raise OverlayError(f"{project.root / 'pyproject.toml'} [tool.maxtext-rl-overlay.matrix.quick.tests] {label}: "
+                               f"{', '.join(missing)} does not exist in the project.")
+    return matrix
 
 
 def readme_command(project_root: pathlib.Path, marker: str) -> list[str]:
@@ -224,14 +268,14 @@ def _python(version: str) -> str:
 def run(project_root: pathlib.Path, wheels: pathlib.Path, work: pathlib.Path, *, platform: str, quick: bool, keep: bool = False) -> list[CellResult]:
     if platform not in PLATFORMS:
         raise OverlayError(f"--platform must be one of {', '.join(PLATFORMS)}.")
-    cells = load_cells(project_root, quick)  # a wrong matrix table is said before anything else
+    matrix = load(project_root, quick)  # a wrong matrix table is said before anything else
     constraints = wheels / "constraints.txt"
     if not constraints.is_file():
         raise OverlayError(f"{wheels} has no constraints.txt: give --wheels the index folder scripts/build-wheels.sh made.")
     constraints = publish.local_view(wheels, work / "index")  # these wheels, even if built for a --base-url
     results: list[CellResult] = []
-    for cell in cells:
-        results += _run_cell(project_root, constraints, work / cell.name, cell, platform=platform, quick=quick, keep=keep)
+    for cell in matrix.cells:
+        results += _run_cell(project_root, constraints, work / cell.name, cell, matrix, platform=platform, quick=quick, keep=keep)
     return results
 
 
@@ -240,7 +284,8 @@ def junit_name(run_name: str) -> str:
     return f"junit{'-' + run_name if run_name else ''}.xml"
 
 
-def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path, cell: Cell, *, platform: str, quick: bool, keep: bool) -> list[CellResult]:
+def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path, cell: Cell, matrix: Matrix, *, platform: str, quick: bool,
+              keep: bool) -> list[CellResult]:
     start = time.monotonic()
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -264,13 +309,15 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
                                 check=False, who=cell.name, what="maxtext-rl-overlay verify")
         print(verified.stdout + verified.stderr, file=sys.stderr, flush=True)
         for run_name, run_env in cell.runs.items():
-            label = f"{cell.name}/{run_name}" if run_name else cell.name
+            label = run_label(cell.name, run_name)
             result = CellResult(label, "yes" if verified.returncode == 0 else "NO")
             junit = work / junit_name(run_name)
             began = time.monotonic()
-            with step(label, "patched-behaviour suite (tests/fixes)" + (f" with {run_env}" if run_env else "")):
+            tests = matrix.tests_of(label)
+            part = "" if tests == (SUITE,) else f": the quick matrix's part of it for this run, {' '.join(tests)}"
+            with step(label, f"patched-behaviour suite ({SUITE}{part})" + (f" with {run_env}" if run_env else "")):
                 # Its output is the user's to read as it comes; its outcome is the JUnit report's.
-                proc.run([vpy, "-m", "pytest", str(root / "tests" / "fixes"), "-p", "no:cacheprovider",
+                proc.run([vpy, "-m", "pytest", *(str(root / t) for t in tests), "-p", "no:cacheprovider",
                           f"--junitxml={junit}", *JUNIT_OPTIONS, f"--rootdir={root}", "-q"],
                          env=dict(env, **run_env), inherit_env=False, cwd=work, capture=False, check=False, who=label,
                          what="the patched-behaviour suite")

@@ -123,8 +123,8 @@ def _install(venv: pathlib.Path, constraints: str, *extra: str, cwd: pathlib.Pat
     return subprocess.run(cmd, capture_output=True, text=True, env=ENV, cwd=cwd or venv.parent, timeout=900)
 
 
-def _verify(venv: pathlib.Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify"], capture_output=True, text=True, cwd=venv.parent)
+def _verify(venv: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify", *flags], capture_output=True, text=True, cwd=venv.parent)
 
 
 def _installed(venv: pathlib.Path) -> set[str]:
@@ -205,7 +205,8 @@ def test_base_url_names_the_index_so_a_copy_of_constraints_works_anywhere(tmp_pa
         proc = _install(venv, "constraints.txt", cwd=elsewhere)
         assert proc.returncode == 0, proc.stderr
         assert any(p.endswith(".whl") for p in server.requests)
-    ok = _verify(venv)
+    # The release's files, installed (that these wheels import is the served install's test: ~45 s a verify).
+    ok = _verify(venv, "--no-imports")
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
     local = publish.local_view(out, tmp_path / "local")

@@ -128,7 +128,8 @@ def test_a_bad_project_value_is_refused_before_any_work(project, tmp_path, case)
 
 
 @pytest.mark.parametrize("pattern, new, says", [
-    (r"^\[tool\.maxtext-rl-overlay\.matrix\.quick\]\n(.*\n)*?\n", 'quick = "yes"\n\n', "[tool.maxtext-rl-overlay.matrix.quick] must be a table, not 'yes'"),
+    (r"^\[tool\.maxtext-rl-overlay\.matrix\.quick\]\n(.*\n)*?(?=\[tool\.ruff\])", 'quick = "yes"\n\n',
+     "[tool.maxtext-rl-overlay.matrix.quick] must be a table, not 'yes'"),
     (r'^(  \{ name = "py312", python = )"3\.12"', r"\g<1>3.10", "cell 'py312': python = 3.1 is a number (TOML reads 3.10 as 3.1)"),
 ], ids=["quick-string", "python-number"])
 def test_a_bad_matrix_table_is_refused_by_lint_and_test_matrix(project, tmp_path, pattern, new, says):
@@ -142,6 +143,20 @@ def test_a_bad_matrix_table_is_refused_by_lint_and_test_matrix(project, tmp_path
         assert done.returncode == cli.ExitCode.ERROR, (args, done.stderr)
         (line,) = _error_lines(done)
         assert str(project / "pyproject.toml") in line and says in line, line
+
+
+def test_a_quick_part_of_the_suite_that_does_not_exist_is_refused_before_any_venv(project, tmp_path):
+    """pytest would end that run with no test collected; the matrix says so before it makes a venv."""
+    shutil.copytree(ROOT / "tests" / "fixes", project / "tests" / "fixes")
+    _edit(project / "pyproject.toml", r'^  "tests/fixes/test_platform\.py",$', '  "tests/fixes/test_platfrom.py",')
+    assert _cli("lint", "--project", str(project)).returncode == cli.ExitCode.OK  # the table's types are right
+    wheels, work = tmp_path / "dist", tmp_path / "work"
+    wheels.mkdir()
+    done = _cli("test-matrix", "--quick", "--wheels", str(wheels), "--work", str(work), "--project", str(project))
+    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    (line,) = _error_lines(done)
+    assert "[tool.maxtext-rl-overlay.matrix.quick.tests] maxtext-0.2.4/plain: tests/fixes/test_platfrom.py does not exist" in line, line
+    assert not work.exists()
 
 
 def test_a_source_for_a_distribution_only_leaves_out(project, tmp_path):

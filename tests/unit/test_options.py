@@ -125,8 +125,12 @@ def test_the_project_table_is_checked(project, line, new, says):
 
 @pytest.mark.parametrize("pattern, new, says", [
     (r"^axis-types = .*$", "axis_types = []", "[tool.maxtext-rl-overlay.matrix]: unknown key(s) 'axis_types' (did you mean 'axis-types'?)"),
-    (r"^\[tool\.maxtext-rl-overlay\.matrix\.quick\]\n(.*\n)*?\n", 'quick = "yes"\n\n',  # the table's lines, now a string in [matrix]
+    (r"^\[tool\.maxtext-rl-overlay\.matrix\.quick\]\n(.*\n)*?(?=\[tool\.ruff\])", 'quick = "yes"\n\n',  # its tables, now a string in [matrix]
      "[tool.maxtext-rl-overlay.matrix.quick] must be a table, not 'yes'"),
+    (r'^"maxtext-0\.2\.4/plain" = \[', '"maxtext-0.2.4/plane" = [',
+     "[tool.maxtext-rl-overlay.matrix.quick.tests]: unknown key(s) 'maxtext-0.2.4/plane' (did you mean 'maxtext-0.2.4/plain'?)"),
+    (r'^  "tests/fixes/test_platform\.py",$', '  "tests/unit/test_cli.py",',
+     "[tool.maxtext-rl-overlay.matrix.quick.tests] maxtext-0.2.4/plain: tests/unit/test_cli.py is not a part of tests/fixes"),
     (r'^  \{ name = "py312".*$', '  { name = "py312", python = 3.10, install = "install" },',
      "[tool.maxtext-rl-overlay.matrix] cell 'py312': python = 3.1 is a number (TOML reads 3.10 as 3.1): write the version as a string"),
     (r'^  \{ name = "py312".*$', '  { name = "py312", python = "3", install = "install" },',
@@ -135,7 +139,8 @@ def test_the_project_table_is_checked(project, line, new, says):
      "[tool.maxtext-rl-overlay.matrix] cell 'py312': env must be a table of strings (NAME = \"value\"), not X = 1"),
     (r'^  \{ name = "py312".*$', '  { name = "py312", python = "3.12", install = true },',
      "[tool.maxtext-rl-overlay.matrix] cell 'py312': install must be a string, not True"),
-], ids=["typo", "quick-string", "python-number", "python-not-a-version", "env-int", "install-bool"])
+], ids=["typo", "quick-string", "quick-tests-unknown-run", "quick-tests-outside-the-suite", "python-number", "python-not-a-version",
+        "env-int", "install-bool"])
 def test_lint_checks_the_matrix_table_too(project, pattern, new, says):
     """The one part of the table that only test-matrix uses: lint reads it
     as test-matrix does, and a wrong value (which TOML may have turned into

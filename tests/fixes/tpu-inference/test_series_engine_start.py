@@ -102,10 +102,6 @@ def maxtext_model(tmp_path_factory):
     if not maxtext_models.AVAILABLE:
         pytest.skip("needs MaxText 0.2.4 installed (the matrix's maxtext-0.2.4 cell): would have run MaxText's model "
                     "(MaxTextForCausalLM, NEW_MODEL_DESIGN=1) in the engine and compared its tokens with MaxText's own forward")
-    if maxtext_shims.GLOBAL:
-        pytest.skip("the maxtext-shims run's engine is the plain run's: MaxText's vLLM plugin imports its shims into "
-                    "every engine process of the MaxText cell; the plain run compares MaxText's model in the engine "
-                    "with MaxText's own forward")
     folder = tmp_path_factory.mktemp("tiny-maxtext")
     model, mesh, config = maxtext_models.write_engine_checkpoint(folder)
     reference = maxtext_models.reference_greedy(model, mesh, config, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
@@ -115,6 +111,12 @@ def maxtext_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def engines(checkpoint, tmp_path_factory, request):
     """(config, upstream) -> the engine's result; each engine runs once a module."""
+    if maxtext_shims.GLOBAL:
+        # MRL_MAXTEXT_SHIMS reaches no engine process: each is a child that
+        # imports MaxText's vLLM plugin, shims and all, in both MaxText runs.
+        pytest.skip("the maxtext-shims run's engines are the plain run's: MaxText's vLLM plugin imports its shims into "
+                    "every engine process of the MaxText cell, with or without the session-wide shims; the plain run "
+                    "starts them and checks what they generate")
     results: dict = {}
 
     def engine(config: str, upstream: bool) -> dict:
