@@ -240,6 +240,101 @@ def test_patch_upstream_took_with_changes_applies_as_empty_and_is_dropped(upstre
     assert f"# Applied-Upstream: {PATCH} in {new}" in (project / TPU / "series").read_text()
 
 
+REWRITTEN = "    # part of the array types: top_k and take_along_axis reject an operand\n"
+
+
+def _fixed_then_rewritten(repo, base) -> tuple[str, str]:
+    """Upstream takes 0001's change (the commit a backport would carry),
+    then rewrites a line it added: the patch no longer reverse-applies, and
+    its 3-way merge conflicts with upstream's own later version."""
+    _branch(repo, "fixed", base)
+    git(repo, "apply", str(ROOT / TPU / PATCH))
+    fixed = commit_all(repo, "gather_logprobs: reshard for Explicit axes (#123)", "2026-08-02T12:00:00+00:00")
+    path = repo / SAMPLING
+    assert path.read_text().count(REWRITTEN) == 1
+    path.write_text(path.read_text().replace(REWRITTEN, "    # part of the array types (reworded upstream later)\n"))
+    later = commit_all(repo, "Reword a comment of the fix", "2026-08-04T12:00:00+00:00")
+    return fixed, later
+
+
+def _as_backport(project, fixed: str, release: str) -> str:
+    """Make the project's 0001 a backport of upstream's `fixed`, first in `release`."""
+    name = f"backport-{fixed[:9]}-Reshard-logprobs.patch"
+    old = project / TPU / PATCH
+    text = old.read_text().replace(
+        "Upstream-Status: Pending",
+        f"Applied-Upstream: {release}, https://example.invalid/commit/{fixed}\nUpstream-Status: Backport [{fixed}]", 1)
+    old.unlink()
+    (project / TPU / name).write_text(text)
+    series = project / TPU / "series"
+    series.write_text(series.read_text().replace(PATCH, name))
+    commit_all(project, "0001 as a backport", "2026-11-01T00:00:00+00:00")
+    return name
+
+
+def test_backport_drops_where_the_new_ref_descends_from_its_commit(upstream, tmp_path):
+    """Neither reverse-apply nor a 3-way merge would tell: upstream changed
+    the backported lines since. The history does: the new ref descends from
+    the commit the backport carries."""
+    repo, commits = upstream
+    fixed, later = _fixed_then_rewritten(repo, commits["old"])
+    project = _project(tmp_path, repo, commits["old"])
+    name = _as_backport(project, fixed, "v9.9.9")
+    proc = rebase(project, "tpu-inference", "fixed", "--source", str(repo), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "backport-") == f"dropped: already upstream  (Applied-Upstream: {fixed[:12]})", proc.stdout
+    assert f"# Applied-Upstream: {name} in {fixed}" in (project / TPU / "series").read_text()
+    assert _pin(project)["commit"] == later
+
+
+def _shallow_source(repo, dest, *refs) -> pathlib.Path:
+    """A bare repository holding only the named commits (as ../shared/upstream's)."""
+    git(dest.parent, "init", "-q", "--bare", str(dest))
+    git(dest, "fetch", "-q", "--depth", "1", f"file://{repo}", *refs)
+    return dest
+
+
+def test_backport_drops_by_its_release_where_the_source_holds_no_history(upstream, tmp_path):
+    """A source with the named commits alone: the release that the
+    Applied-Upstream trailer names is tagged before the new ref, so the
+    backport drops, and the report says it was read from dates. A release
+    tagged after the new ref leaves it to the conflict."""
+    repo, commits = upstream
+    fixed, later = _fixed_then_rewritten(repo, commits["old"])
+    # Releases are tagged on release branches, as upstream's are.
+    _branch(repo, "release-9.9.9", fixed)
+    git(repo, "tag", "v9.9.9", commit_all(repo, "Docs for v9.9.9", "2026-08-03T12:00:00+00:00"))
+    _branch(repo, "release-9.9.10", later)
+    git(repo, "tag", "v9.9.10", commit_all(repo, "Docs for v9.9.10", "2026-08-09T12:00:00+00:00"))
+    source = _shallow_source(repo, tmp_path / "shallow.git", f"{commits['old']}:refs/tags/pin", "refs/heads/fixed:refs/heads/fixed",
+                             "refs/tags/v9.9.9:refs/tags/v9.9.9", "refs/tags/v9.9.10:refs/tags/v9.9.10")
+    assert subprocess.run(["git", "cat-file", "-e", f"{fixed}^{{commit}}"], cwd=source, capture_output=True).returncode != 0
+    project = _project(tmp_path, repo, commits["old"])
+    _as_backport(project, fixed, "v9.9.9")
+    proc = rebase(project, "tpu-inference", "fixed", "--source", str(source), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "backport-") == (
+        "dropped: already upstream  (in v9.9.9 (its Applied-Upstream), tagged 2026-08-03, not after the new pin's commit of "
+        "2026-08-04; the repository holds no history to check ancestry)"), proc.stdout
+    assert _pin(project)["commit"] == later
+
+    git(project, "checkout", "-q", "--", ".")
+    git(project, "clean", "-q", "-f", "-d")
+    later_release = pathlib.Path(project / TPU / "series").read_text()
+    _as_backport_release(project, "v9.9.10")
+    proc = rebase(project, "tpu-inference", "fixed", "--source", str(source), "--no-tests")
+    assert proc.returncode == 1 and row(proc.stdout, "backport-").startswith("CONFLICT"), proc.stdout + proc.stderr
+    assert rebase(project, "--abort").returncode == 0
+    assert later_release == (project / TPU / "series").read_text()
+
+
+def _as_backport_release(project, release: str) -> None:
+    """The project's backport now names a later first release."""
+    [patch] = (project / TPU).glob("backport-*.patch")
+    patch.write_text(patch.read_text().replace("Applied-Upstream: v9.9.9,", f"Applied-Upstream: {release},", 1))
+    commit_all(project, f"first released in {release}", "2026-11-01T00:00:00+00:00")
+
+
 def test_dirty_checkout_is_refused_before_anything_starts(upstreams, tmp_path):
     repo, commits = upstreams["tpu-inference"]
     project = _project(tmp_path, repo, commits["old"])
@@ -294,13 +389,19 @@ def test_find_base_bisects_first_parent_history(upstream, tmp_path):
 BACKPORT = "backport-984b29c49-Use-raw-Mesh-constructor-when-device_indexes-is-set.patch"
 BACKPORTED = "984b29c49369360daa2b498fc527d61b6ec18874"
 #: Every tpu-inference backport (its name's prefix) and the upstream commit
-#: the rebase names where it drops it, given the history: the commit itself
-#: where the patch keeps upstream's patch-id (None where it does not: then
-#: the new pin is named).
+#: it carries, which the rebase names where it drops it when the repository
+#: holds the history.
 BACKPORTS = {
     "backport-984b29c49-": BACKPORTED,
+    "backport-995930220-": "995930220390933ce734b74e1c60ff389096e6c9",
     "backport-e27319786-": "e27319786db9bb69061ea6b7135215fc4ea16854",
+    "backport-9cfd2bd29-": "9cfd2bd29739f3f16e2d0a8fb117bcb0aa8b18fe",
 }
+#: Without the history, where its lines no longer reverse-apply (995930220
+#: was resolved by hand at the pin), a backport drops by the release its
+#: Applied-Upstream trailer names, whose tag precedes the new pin.
+BY_RELEASE = {"backport-995930220-": "in v0.27.0 (its Applied-Upstream), tagged 2026-08-20, not after the new pin's commit of "
+              "2026-08-22; the repository holds no history to check ancestry"}
 SOURCES = dict(s.split("=", 1) for s in os.environ.get("MRL_SOURCES", "").split())
 #: Upstream commits past the backported one that a source of the pins holds
 #: (../shared/upstream's tpu-inference.git tags them, as does a full mirror
@@ -315,14 +416,11 @@ NEEDS_TPU_INFERENCE = pytest.mark.skipif(
 )
 
 
-def where_the_backport_is(repo: pathlib.Path, new: str, upstream: str | None = BACKPORTED) -> str:
+def where_the_backport_is(repo: pathlib.Path, new: str, upstream: str = BACKPORTED) -> str:
     """Where the rebase records a backport as applied upstream: in
     upstream's own commit where the repository holds the history between the
-    pins (a mirror) and the patch keeps that commit's patch-id, else in the
-    new pin, which contains it (a repository holding only the pinned
-    commits, as ../shared/upstream's does)."""
-    if upstream is None:
-        return new
+    pins (a mirror), else in the new pin, which contains it (a repository
+    holding only the pinned commits, as ../shared/upstream's does)."""
     has_history = subprocess.run(["git", "cat-file", "-e", f"{upstream}^{{commit}}"], cwd=repo, capture_output=True).returncode == 0
     return upstream if has_history else new
 
@@ -347,9 +445,10 @@ def test_backport_drops_on_a_rebase_past_its_upstream_commit(tmp_path):
 @NEEDS_TPU_INFERENCE
 def test_the_whole_series_onto_upstreams_main(tmp_path):
     """The real series, every patch, onto upstream's main of 2026-08-22 (170
-    commits past the pin): the backport drops as applied upstream, every
-    local patch applies (0003 needs git's 3-way merge there), and the pin
-    moves to that commit. Every backport drops: both are upstream there."""
+    commits past the pin): every backport drops as applied upstream (each
+    commit is there), every local patch applies (0003 needs git's 3-way
+    merge there, from the blobs the series makes at the old pin), and the
+    pin moves to that commit."""
     repo = pathlib.Path(SOURCES["tpu-inference"])
     new = PAST_THE_BACKPORT["main-2026-08-22"]
     project = make_project(tmp_path / "project", {})
@@ -359,7 +458,8 @@ def test_the_whole_series_onto_upstreams_main(tmp_path):
     series = (project / TPU / "series").read_text()
     for prefix, upstream in BACKPORTS.items():
         where = where_the_backport_is(repo, new, upstream)
-        assert row(proc.stdout, prefix) == f"dropped: already upstream  (Applied-Upstream: {where[:12]})", proc.stdout
+        detail = BY_RELEASE[prefix] if where == new and prefix in BY_RELEASE else f"Applied-Upstream: {where[:12]}"
+        assert row(proc.stdout, prefix) == f"dropped: already upstream  ({detail})", proc.stdout
         assert f"# Applied-Upstream: {prefix}" in series and not list((project / TPU).glob(prefix + "*")), series
     for name in local:
         assert row(proc.stdout, name).startswith("applied"), proc.stdout

@@ -4,7 +4,9 @@ a person; then, on --continue, what the person made of that conflict."""
 
 from __future__ import annotations
 
+import datetime
 import pathlib
+import re
 
 from .. import patchfile
 from ..errors import OverlayError
@@ -17,8 +19,17 @@ def apply_one(work: pathlib.Path, patch: pathlib.Path, entry: PatchEntry, old: s
     and the outcome is returned."""
     head = out("rev-parse", "HEAD", cwd=work)
     entry.commit = head
+    parsed = patchfile.parse(patch)
+    carried = backport_in_history(work, parsed, new)
+    if carried:  # the new pin descends from the commit the backport carries
+        _dropped(entry, carried)
+        return entry.outcome
     if git("apply", "--check", "-R", str(patch), cwd=work, check=False).returncode == 0:
         _dropped(entry, where_upstream(work, patch, old, new))
+        return entry.outcome
+    released = backport_released_before(work, parsed, new)
+    if released:  # no history to ask, but a release that has it precedes the new pin
+        _dropped(entry, released)
         return entry.outcome
     clean = git("apply", "--check", str(patch), cwd=work, check=False).returncode == 0
     proc = git("am", "-3", "--keep-cr", str(patch), cwd=work, check=False)
@@ -86,6 +97,60 @@ def where_upstream(work: pathlib.Path, patch: pathlib.Path, old: str, new: str) 
                 if pid == want:
                     return commit
     return new
+
+
+def backport_in_history(work: pathlib.Path, patch: patchfile.PatchFile, new: str) -> str | None:
+    """The upstream commit a backport carries, when the repository holds it
+    and the new pin descends from it; else None. This is exact where the
+    content check is not: upstream may have changed the backported lines
+    since (the patch then neither reverse-applies nor merges), and a backport
+    resolved by hand at the pin (995930220) conflicts with upstream's own
+    version of the same lines."""
+    commit = patchfile.backport_commit(patch)
+    if not commit:
+        return None
+    proc = git("rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}", cwd=work, check=False)
+    if proc.returncode != 0:
+        return None
+    full = proc.stdout.strip()
+    return full if git("merge-base", "--is-ancestor", full, new, cwd=work, check=False).returncode == 0 else None
+
+
+#: "Applied-Upstream: v0.27.0, <commit URL>": the first upstream release that has the commit.
+_RELEASE = re.compile(r"^(v?\d+(?:\.\d+)+)\b")
+
+
+def backport_released_before(work: pathlib.Path, patch: patchfile.PatchFile, new: str) -> str | None:
+    """Why a backport counts as upstream at `new` in a repository without
+    the history to ask git (../shared/upstream holds only the named commits),
+    else None: its Applied-Upstream trailer names the first release that has
+    the commit, the repository holds that release's tag, and the tag's
+    commit is not later than the new pin's. Upstream merges to main, and a
+    release is branched from main, so a later main commit has it; this is
+    read from dates, and the detail says so."""
+    if not patchfile.backport_commit(patch):
+        return None
+    m = _RELEASE.match(patch.trailers.get("Applied-Upstream", ""))
+    if not m:
+        return None
+    tag = m.group(1)
+    tagged, pinned = _committed_at(work, f"refs/tags/{tag}"), _committed_at(work, new)
+    if tagged is None or pinned is None or tagged > pinned:
+        return None
+    day = datetime.datetime.fromtimestamp(tagged, datetime.UTC).date()
+    new_day = datetime.datetime.fromtimestamp(pinned, datetime.UTC).date()
+    return (f"in {tag} (its Applied-Upstream), tagged {day}, not after the new pin's commit of {new_day}; "
+            "the repository holds no history to check ancestry")
+
+
+def _committed_at(work: pathlib.Path, rev: str) -> int | None:
+    """The committer time of `rev`'s commit, read from the commit object
+    alone: git log and git show parse its parents, which a shallow
+    repository's commit names but does not hold."""
+    proc = git("cat-file", "commit", f"{rev}^{{commit}}", cwd=work, check=False)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("committer ")), "") if proc.returncode == 0 else ""
+    stamp = line.rsplit(" ", 2)[-2] if line.count(" ") >= 2 else ""
+    return int(stamp) if stamp.isdigit() else None
 
 
 def _dropped(entry: PatchEntry, where: str) -> None:

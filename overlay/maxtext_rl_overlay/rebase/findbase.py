@@ -48,7 +48,7 @@ def _find_base(opts: RebaseOptions, root: pathlib.Path, pin: Pin, cache: pathlib
         raise OverlayError(f"{opts.name}: the pin {pin.commit[:12]} is not an ancestor of {opts.new_ref}; --find-base walks first-parent history from the pin.")
     chain = [pin.commit] + chain
     work = Paths(root, opts.name).find
-    upstream.work_clone(pin, git_dir, new_commit, work, pin.commit)
+    upstream.work_clone(pin, git_dir, new_commit, work, pin.commit, list(pin.series))
     tried: dict[str, bool] = {}
 
     def ok(i: int) -> bool:

@@ -60,7 +60,7 @@ def _start(opts: RebaseOptions, root: pathlib.Path, paths: Paths, pin: Pin, patc
     try:
         state.backup(root, paths.state, touched)
         with step(opts.name, f"checking out {opts.new_ref} ({new_commit[:12]}) in {paths.work}"):
-            notes += upstream.work_clone(pin, git_dir, new_commit, paths.work, pin.commit)
+            notes += upstream.work_clone(pin, git_dir, new_commit, paths.work, pin.commit, [p.path for p in patches])
     except BaseException:
         shutil.rmtree(paths.state, ignore_errors=True)  # nothing was changed yet
         raise

@@ -58,9 +58,10 @@ def has_commit(git_dir: pathlib.Path, commit: str) -> bool:
     return git("cat-file", "-e", f"{commit}^{{commit}}", git_dir=git_dir, check=False).returncode == 0
 
 
-def work_clone(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path, old: str) -> list[str]:
+def work_clone(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path, old: str, patches: list[pathlib.Path]) -> list[str]:
     """A fresh work clone at `commit` that borrows the upstream's objects
-    (git alternates: nothing is copied). Returns the notes."""
+    (git alternates: nothing is copied), with the blobs the series makes at
+    the old pin (`patches`, in order). Returns the notes."""
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
@@ -68,10 +69,41 @@ def work_clone(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path,
     objects = (git_dir / "objects").resolve()
     (work / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
     git("update-ref", "refs/mrl/upstream", commit, cwd=work)
+    _copy_tags(git_dir, work)  # the backport check reads release tags in the work clone
+    notes = []
     if has_commit(git_dir, old):
         # Marks that the old pin is at hand: where-upstream searches from it.
         git("update-ref", "refs/mrl/old-pin", old, cwd=work)
-    return checkout(pin, git_dir, commit, work)
+        notes += old_series_blobs(pin, work, old, patches)
+    return notes + checkout(pin, git_dir, commit, work)
+
+
+def old_series_blobs(pin: Pin, work: pathlib.Path, old: str, patches: list[pathlib.Path]) -> list[str]:
+    """Write into the work clone every file version the series makes at the
+    old pin, by applying it there in a scratch index (the work tree is not
+    touched). git am -3 merges a patch that no longer applies from the blobs
+    its index lines name; those of a patch after the first are made by the
+    patches before it, and a repository of upstream commits alone (a
+    shallow one, or a mirror) has none of them. Returns a note when the
+    series does not apply at the old pin."""
+    index = work / ".git" / "mrl-old-series.index"
+    env = {"GIT_INDEX_FILE": str(index)}
+    try:
+        git("read-tree", old, cwd=work, env=env)
+        for patch in patches:
+            proc = git("apply", "--cached", str(patch), cwd=work, env=env, check=False)
+            if proc.returncode != 0:
+                return [f"the series does not apply at the old pin {old[:12]} from {patch.name} on "
+                        f"({reason(proc.stderr, 'git apply failed')}): a 3-way merge of it or a later patch may lack its base"]
+    finally:
+        index.unlink(missing_ok=True)
+    return []
+
+
+def _copy_tags(git_dir: pathlib.Path, work: pathlib.Path) -> None:
+    tags = out("for-each-ref", "--format=%(refname) %(objectname)", "refs/tags", git_dir=git_dir)
+    if tags:
+        git("update-ref", "--stdin", cwd=work, input="".join(f"update {line}\n" for line in tags.splitlines()))
 
 
 def stand_alone(who: str, work: pathlib.Path, git_dir: pathlib.Path) -> pathlib.Path:
@@ -90,9 +122,7 @@ def stand_alone(who: str, work: pathlib.Path, git_dir: pathlib.Path) -> pathlib.
     with step(who, f"copying the objects the work clone borrows from {git_dir}, so that it stands alone"):
         for store in _object_stores(git_dir / "objects"):
             _link_objects(store, own / "objects")
-        tags = out("for-each-ref", "--format=%(refname) %(objectname)", "refs/tags", git_dir=git_dir)
-        if tags:
-            git("update-ref", "--stdin", cwd=work, input="".join(f"update {line}\n" for line in tags.splitlines()))
+        _copy_tags(git_dir, work)
         alternates.unlink()
         # Every tree of HEAD, read from the work clone's own objects now (not
         # fsck: a mirror may lack blobs outside the package, see checkout).
