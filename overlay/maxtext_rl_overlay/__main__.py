@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 import pathlib
 import sys
 import traceback
@@ -21,7 +22,8 @@ tpu-inference, vllm) with their fixes carried as patch series, built into
 wheels and published with a constraints file.
 
 On a TPU VM, after `uv pip install -c constraints.txt maxtext-rl-overlay`
-(or "maxtext-rl-overlay[maxtext]"), run `maxtext-rl-overlay verify`.
+(or "maxtext-rl-overlay[maxtext]"), run `maxtext-rl-overlay verify`, then
+`maxtext-rl-overlay smoke` (a real rollout on the machine's chips, checked).
 In a checkout of the project, `build`, `lint`, `rebase` and `test-matrix`
 make and test the release; `clean` empties the build cache."""
 
@@ -45,7 +47,7 @@ class ExitCode(enum.IntEnum):
 EPILOG = f"""\
 exit status:
   {ExitCode.OK:<3}  success
-  {ExitCode.CHECK_FAILED:<3}  a check said no: verify found differences, lint found problems, the matrix
+  {ExitCode.CHECK_FAILED:<3}  a check said no: verify found differences, smoke a failed check, lint found problems, the matrix
        or the rebase's fast tests failed, or a rebase stopped at a conflict
   {ExitCode.USAGE:<3}  the command line was wrong
   {ExitCode.ERROR:<3}  the command could not do its work (the message says why and what to do)
@@ -140,6 +142,27 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return ExitCode.CHECK_FAILED
     what = "the installed distributions are the overlay builds, patched files intact"
     print(f"\nverify: yes - {what}" + ("." if args.no_imports else "; the stack imports."))
+    return ExitCode.OK
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    from .smoke.report import render
+    from .smoke.run import CannotRun, SmokeOptions, smoke
+    from .staging import write_atomically
+
+    try:
+        report = smoke(SmokeOptions(cpu_simulation=args.cpu_simulation, timeout=args.timeout))
+    except CannotRun as exc:
+        print(f"smoke: cannot run here: {exc}", file=sys.stderr)
+        return ExitCode.ERROR
+    print(render(report))
+    if args.json:
+        write_atomically(args.json, (json.dumps(report.as_json(), indent=1) + "\n").encode())
+    where = " (CPU simulation: not a hardware qualification)" if report.cpu_simulation else ""
+    if report.failed:
+        print(f"\nsmoke: NO{where} - {len(report.failed)} check(s) failed: {'; '.join(report.failed)}", file=sys.stderr)
+        return ExitCode.CHECK_FAILED
+    print(f"\nsmoke: yes{where} - every check passed.")
     return ExitCode.OK
 
 
@@ -263,6 +286,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="also fail on stand-ins: wheels built from unpinned sources, PyPI's torch for the CPU build")
     v.add_argument("--no-imports", action="store_true", help="check files and versions only; skip importing the stack in a fresh process")
     v.set_defaults(func=_cmd_verify)
+
+    s = command("smoke", "start the installed engine on a tiny model made here, generate, and check it against transformers")
+    s.add_argument("--cpu-simulation", action="store_true",
+                   help="run the same checks on 8 CPU devices, the TPU kernels interpreted (not a hardware qualification)")
+    s.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE")
+    s.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
+                   help="for each engine process, start and generates (default: %(default).0f); past it the check names the step")
+    s.set_defaults(func=_cmd_smoke)
 
     b = command("build", "build the overlay wheels, the index and constraints.txt from the pins", project)
     b.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",

@@ -1,4 +1,4 @@
-"""The CPU stand-in for the TPU kernels (support/fixes/pallas_interpret.py)
+"""The CPU stand-in for the TPU kernels (the tool's maxtext_rl_overlay/smoke/pallas_interpret.py)
 against tpu-inference's own reference implementation.
 
 tpu-inference's `ragged_paged_attention` (v3, the Pallas TPU kernel of the
@@ -36,7 +36,8 @@ import functools
 import numpy as np
 import pytest
 
-from support.fixes import pallas_interpret
+from maxtext_rl_overlay.smoke import pallas_interpret
+from support.fixes import kernel_mode
 from support.fixes.matrix import DTYPES
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2.0**-5}
@@ -49,7 +50,7 @@ LAYOUTS = {
     "mixed": ((3, 3, 4), [1, 1, 1, 13], [12, 3, 20, 13]),  # a chunked prefill beside 3 decodes
     "prefill-only": ((0, 0, 3), [6, 11, 3], [6, 30, 3]),  # the second continues after 19 cached tokens
 }
-KERNELS = pytest.mark.parametrize("kernels", [pallas_interpret.kernels_id()])
+KERNELS = pytest.mark.parametrize("kernels", [kernel_mode.kernels_id()])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,7 +100,7 @@ def reference(args):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_the_attention_kernel_matches_the_reference_on_the_runner_layouts(kernels, layout, dtype, record_property):
-    pallas_interpret.record(record_property)
+    kernel_mode.record(record_property)
     tokens, args = inputs(LAYOUTS[layout], dtype)
     out, cache = attention()(*args)
     ref_out, ref_cache = reference(args)
@@ -112,7 +113,7 @@ def test_the_attention_kernel_matches_the_reference_on_the_runner_layouts(kernel
 @KERNELS
 def test_a_chunked_prefill_only_segment_is_skipped_without_chunk_prefill_size(kernels, record_property):
     """The layout behind the earlier 3.9: distribution (0, n, n). Not one the runner builds."""
-    pallas_interpret.record(record_property)
+    kernel_mode.record(record_property)
     distribution, q_lens, kv_lens = LAYOUTS["prefill-only"]
     tokens, args = inputs(((0, 3, 3), q_lens, kv_lens), "float32")
     out, _ = attention()(*args)

@@ -74,6 +74,20 @@ def test_usage_errors_exit_2_with_the_usage(project, args, says):
 
 # -- 3: a bad input, said in one line ----------------------------------------
 
+def test_smoke_where_the_engine_or_the_reference_is_missing_cannot_run(monkeypatch, capsys):
+    """smoke runs where the stack is installed, with transformers for its
+    reference: a package missing is status 3, named, with the install to run
+    (here a module no environment has stands for a missing package)."""
+    from maxtext_rl_overlay.smoke import run
+
+    monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")
+    assert cli.main(["smoke", "--cpu-simulation"]) == cli.ExitCode.ERROR
+    captured = capsys.readouterr()
+    assert "smoke: cannot run here: smoke needs " in captured.err and "mrl-no-such-reference" in captured.err, captured.err
+    assert "uv pip install -c constraints.txt maxtext-rl-overlay transformers" in captured.err
+    assert captured.out == ""
+
+
 def test_a_revision_that_is_not_a_number(project):
     _edit(project / "pyproject.toml", r"^revision = \d+$", 'revision = "two"')
     done = _cli("lint", "--project", str(project))

@@ -3,7 +3,7 @@ far it gets, upstream and with the overlay, and what it generates.
 
 support/fixes/engine_start.py starts `vllm.LLM` in a process of its own per
 configuration, on a tiny Llama with non-degenerate random weights written
-by transformers as a safetensors checkpoint (support/fixes/tiny_llama.py) and
+by transformers as a safetensors checkpoint (the tool's maxtext_rl_overlay/smoke/tiny_llama.py) and
 loaded by the engine's own weight loader, tensor parallel over the 8
 devices, with the report's logprobs settings (`max_logprobs=1`,
 `logprobs_mode="processed_logprobs"`). Each process does every generate its
@@ -39,7 +39,7 @@ tests check (an engine start costs 20-60 s here). The engines:
   LOGPROB_TOLERANCE; in the full matrix the pin's engine gives the same.
 
 On the CPU simulation the engine's TPU kernels (the attention) run in Pallas
-TPU interpret mode (support/fixes/pallas_interpret.py; the test ids say
+TPU interpret mode (the tool's maxtext_rl_overlay/smoke/pallas_interpret.py; the test ids say
 `pallas-interpret`), and the devices' memory statistics are stood in for (see
 engine_start.py). The seconds each engine start and generate took are
 recorded as JUnit properties: CPU seconds, not a TPU's.
@@ -55,8 +55,9 @@ import sys
 import numpy as np
 import pytest
 
+from maxtext_rl_overlay.smoke import tiny_llama
 from support import TESTS
-from support.fixes import engine_start, maxtext_models, maxtext_shims, pallas_interpret, tiny_llama
+from support.fixes import engine_start, kernel_mode, maxtext_models, maxtext_shims
 from support.fixes.matrix import PLATFORM
 from support.fixes.meshes import WSC_ASSERT
 
@@ -82,7 +83,7 @@ ENGINE_TIMEOUT = 1200
 pytestmark = pytest.mark.timeout(2 * ENGINE_TIMEOUT + 300)
 #: Two engines with the same seed, on the same weights: rounding only.
 TWO_ENGINE_LOGPROB_TOLERANCE = 1e-4
-KERNELS = pallas_interpret.kernels_id()
+KERNELS = kernel_mode.kernels_id()
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,7 @@ def sampler_programs(result) -> dict[str, list[str]]:
 def record_stand_in(record_property, result):
     """The engine's TPU kernels' stand-in (where one was active), in the JUnit record."""
     if result["stand_ins"].get("tpu_kernels"):
-        record_property(pallas_interpret.PROPERTY, result["stand_ins"]["tpu_kernels"]["label"])
+        record_property(kernel_mode.PROPERTY, result["stand_ins"]["tpu_kernels"]["label"])
 
 
 def record_run(record_property, result):

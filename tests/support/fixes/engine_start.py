@@ -9,7 +9,7 @@ does every generate its test checks), with tests/ on PYTHONPATH as pytest's
     python -m support.fixes.engine_start RESULT.json --checkpoint DIR --config NAME [--upstream]
 
 It starts `vllm.LLM` in the engine process itself (no engine-core
-subprocess) on DIR, a Hugging Face checkpoint (support/fixes/tiny_llama.py
+subprocess) on DIR, a Hugging Face checkpoint (the tool's maxtext_rl_overlay/smoke/tiny_llama.py
 writes a tiny Llama; for `maxtext`, MaxText's, see below), loaded by the engine's real weight loader, with
 tensor parallelism over the 8 devices, float32, and the logprobs settings of
 MaxText's RL rollout (`max_logprobs=1`, `logprobs_mode="processed_logprobs"`).
@@ -57,7 +57,7 @@ On the CPU simulation, two stand-ins (on a TPU nothing is replaced):
   so `tpu_inference.utils.hbm_usage_bytes` counts the live arrays' bytes
   against a 1 GiB limit a device, instead of failing in `TPUWorker.init_device`;
 - the TPU Pallas kernels (the attention) run in Pallas TPU interpret mode
-  (support/fixes/pallas_interpret.py): their code, interpreted on the host.
+  (the tool's maxtext_rl_overlay/smoke/pallas_interpret.py): their code, interpreted on the host.
 """
 
 from __future__ import annotations
@@ -72,18 +72,15 @@ import time
 import traceback
 from collections.abc import Callable
 
+from maxtext_rl_overlay.smoke import engine as smoke_engine
 from support.fixes import maxtext_models, unpatched
 from support.fixes.logprobs import collective_results
 from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 
-#: The engine process's environment, set by main() before jax is imported;
-#: never at import (the test imports this module for progress_file, and its
-#: other children inherit its environment).
-PROCESS_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
-    "VLLM_DISABLE_COMPILE_CACHE": "1",  # no persistent JAX cache
-    "HF_HUB_OFFLINE": "1",
-}
+#: The engine process's environment (the tool's smoke engine's), set by
+#: main() before jax is imported; never at import (the test imports this
+#: module for progress_file, and its other children inherit its environment).
+PROCESS_ENV = smoke_engine.PROCESS_ENV
 
 #: Configuration name -> (environment, vLLM's additional_config for the
 #: checkpoint folder, hf_overrides).
@@ -95,8 +92,6 @@ CONFIGS: dict[str, tuple[dict[str, str], Callable[[pathlib.Path], dict], dict]] 
 #: The compilation manager's sampling and logprobs programs, by name: each is
 #: compiled once more and its collectives recorded (RESULT.json's `programs`).
 SAMPLER_PROGRAMS = ("sample", "gather_logprobs", "gather_logprobs_spec", "compute_and_gather_prompt_logprobs")
-#: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
-SEED = 1234
 #: The RL rollout's batch: prompts of different lengths (token ids).
 ROLLOUT_PROMPTS = [[1, *range(40, 40 + n)] for n in (2, 7, 12, 20)]
 ROLLOUT_TOKENS = 6
@@ -106,7 +101,7 @@ ROLLOUT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 0.95}
 
 def generates():
     """(name, prompts, SamplingParams kwargs), run in this order."""
-    from support.fixes.tiny_llama import REFERENCE_PROMPTS, REFERENCE_TOKENS
+    from maxtext_rl_overlay.smoke.tiny_llama import REFERENCE_PROMPTS, REFERENCE_TOKENS
 
     greedy = {"temperature": 0.0}
     return [
@@ -182,18 +177,9 @@ def main() -> int:
     import numpy as np
 
     if PLATFORM == "cpu":
-        import tpu_inference.utils as tpu_utils
+        from maxtext_rl_overlay.smoke import pallas_interpret
 
-        from support.fixes import pallas_interpret
-
-        def hbm_usage_bytes(devices):
-            used: dict = {}
-            for array in jax.live_arrays():
-                for shard in array.addressable_shards:
-                    used[shard.data.device] = used.get(shard.data.device, 0) + shard.data.nbytes
-            return [(used.get(d, 0), 1 << 30) for d in devices]
-
-        tpu_utils.hbm_usage_bytes = hbm_usage_bytes
+        smoke_engine.count_live_arrays_as_memory()
         result["stand_ins"]["memory_stats"] = "live arrays' bytes against 1 GiB a device (CPU devices have no memory statistics)"
         result["stand_ins"]["tpu_kernels"] = {"label": pallas_interpret.LABEL, "what": pallas_interpret.DESCRIPTION,
                                               "interventions": pallas_interpret.activate()}
@@ -300,22 +286,7 @@ def main() -> int:
 
     try:
         began = time.monotonic()
-        llm = LLM(
-            model=str(args.checkpoint),
-            skip_tokenizer_init=True,
-            dtype="float32",
-            seed=SEED,
-            generation_config="vllm",  # vLLM's defaults, not the checkpoint's generation_config.json
-            max_model_len=128,
-            max_num_seqs=8,
-            max_num_batched_tokens=32,  # the rollout batch's prefill is chunked: mixed steps
-            tensor_parallel_size=DEVICES,
-            num_gpu_blocks_override=64,
-            max_logprobs=1,
-            logprobs_mode="processed_logprobs",
-            additional_config=additional_config,
-            hf_overrides=hf_overrides or None,
-        )
+        llm = LLM(**smoke_engine.llm_kwargs(args.checkpoint, DEVICES, additional_config, hf_overrides))
         result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
         result["started"] = True
         step[0] = "generate"

@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 
 from maxtext_rl_overlay.pins import load_project
-from maxtext_rl_overlay.testmatrix import DEVICES, load_matrix
+from maxtext_rl_overlay.smoke import cpu_simulation
+from maxtext_rl_overlay.testmatrix import DEVICES as DEVICES  # the tests read the chip count here
+from maxtext_rl_overlay.testmatrix import load_matrix
 from support import ROOT
 
 #: Where the suite runs (scripts/test-matrix.sh --platform): "cpu" simulates
@@ -30,17 +32,8 @@ DTYPES: list[str] = list(MATRIX.dtypes)
 
 
 def simulate_v6e_8() -> None:
-    """On the CPU platform, the environment that makes jax see the 8 chips of
-    a TPU v6e-8 as 8 host devices; a no-op on a real TPU. Must run before jax
+    """On the CPU platform, the tool's CPU simulation of a v6e-8 (as `smoke
+    --cpu-simulation` sets it); a no-op on a real TPU. Must run before jax
     is first imported (the device count is read once)."""
-    if PLATFORM != "cpu":
-        return
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={DEVICES}").strip()
-    # tpu_inference asks the GCE metadata server for these at import time and
-    # logs errors when it cannot; on a TPU VM the real values are set.
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-8")
-    os.environ.setdefault("TPU_NAME", "local")
-    os.environ.setdefault("TPU_WORKER_ID", "0")
+    if PLATFORM == "cpu":
+        cpu_simulation.simulate_v6e_8()

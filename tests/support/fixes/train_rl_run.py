@@ -53,7 +53,7 @@ every installed file a patch touches is imported as upstream ships it
 
 On the CPU simulation, stand-ins for what CPU devices lack (never on a TPU):
 the devices' memory statistics (as engine_start.py), the TPU kernels in
-Pallas TPU interpret mode (support/fixes/pallas_interpret.py), and Tunix's
+Pallas TPU interpret mode (the tool's maxtext_rl_overlay/smoke/pallas_interpret.py), and Tunix's
 weight sync entered as on a TPU, without the transfer guard it sets on other
 backends only (sync_weights_as_on_tpu). Each is recorded in RESULT.json
 under "stand_ins".
@@ -377,7 +377,7 @@ def cpu_stand_ins(run: Run) -> None:
     tpu_utils.hbm_usage_bytes = hbm_usage_bytes
     STAND_INS.add("tpu_inference.utils.hbm_usage_bytes")
     run.result["stand_ins"].append(f"tpu_inference.utils.hbm_usage_bytes: live arrays against {HBM_STAND_IN >> 20} MiB a device")
-    from support.fixes import pallas_interpret  # the TPU kernels in Pallas interpret mode
+    from maxtext_rl_overlay.smoke import pallas_interpret  # the TPU kernels in Pallas interpret mode
 
     run.result["stand_ins"] += [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
     STAND_INS.update(f"{m}.get_tpu_version" for m in pallas_interpret._TPU_VERSION_USERS)

@@ -15,6 +15,7 @@ module too, and must not import them before vLLM does).
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 #: The checkpoint's config (transformers' LlamaConfig arguments).
 CONFIG = {
@@ -49,7 +50,7 @@ def write_checkpoint(path: pathlib.Path) -> pathlib.Path:
     return path
 
 
-def reference_greedy(path: pathlib.Path, prompts: list[list[int]], max_tokens: int) -> list[dict]:
+def reference_greedy(path: pathlib.Path, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
     """transformers' greedy `generate` on the checkpoint (torch, CPU, float32):
     per prompt the tokens, each token's logprob (log_softmax of the raw
     logits) and the margin between the best and second-best logprob."""
@@ -73,3 +74,20 @@ def reference_greedy(path: pathlib.Path, prompts: list[list[int]], max_tokens: i
             margins.append(float(top2[0] - top2[1]))
         out.append({"prompt": prompt, "tokens": tokens, "logprobs": logprobs, "margins": margins})
     return out
+
+
+def reference_ranks(path: pathlib.Path, prompt: list[int], rows: list[list[int]]) -> list[list[int]]:
+    """For each row of tokens generated after `prompt`, each token's rank in
+    transformers' next-token distribution at its position (0: the most
+    likely); a draw that follows top-k has every rank below k."""
+    import torch
+    import transformers
+
+    model = transformers.LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    ranks = []
+    for tokens in rows:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        chosen = logits[torch.arange(len(tokens)), torch.tensor(tokens)]
+        ranks.append((logits > chosen[:, None]).sum(dim=-1).tolist())
+    return ranks

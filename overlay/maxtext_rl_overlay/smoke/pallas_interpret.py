@@ -32,12 +32,14 @@ one small intervention below, named after what it does:
    the TPU defines them (`jax._src.state.utils.bitcast`: a bitcast to a wider
    type packs the second-minor dimension).
 
-`activate()` does all four and sets Pallas' TPU interpret mode, only on the
-CPU platform; on a TPU it does nothing and the kernels run compiled. Wherever
-it is active it says so: `LABEL` goes into the test ids (`[pallas-interpret]`),
-a JUnit property of the tests (the matrix's table shows it) and the engine's
-result JSON. Results obtained with it prove what the kernel code computes, not
-how fast a TPU computes it: CPU timings say nothing of TPU timings.
+`activate()` does all four and sets Pallas' TPU interpret mode, only where
+jax runs on the CPU; on a TPU it does nothing and the kernels run compiled.
+It is part of the tool for `smoke --cpu-simulation` (and the test suite's
+CPU simulation), never active otherwise. Wherever it is active it says so:
+`LABEL` goes into smoke's output, the test ids (`[pallas-interpret]`), a JUnit
+property of the tests (the matrix's table shows it) and the engine's result
+JSON. Results obtained with it prove what the kernel code computes, not how
+fast a TPU computes it: CPU timings say nothing of TPU timings.
 """
 
 from __future__ import annotations
@@ -46,14 +48,10 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from support.fixes.matrix import PLATFORM
-
 #: Where the stand-in is active, test ids and reports carry this label.
 LABEL = "pallas-interpret"
 #: What the label means, for reports (JUnit property, result JSON).
 DESCRIPTION = "TPU Pallas kernels run in Pallas TPU interpret mode on the CPU (a CPU stand-in for the TPU kernels)"
-#: The JUnit property (record_property) that names the stand-ins a test ran on.
-PROPERTY = "stand-in"
 #: The TPU whose answers the CPU gives (the matrix simulates a v6e-8).
 TPU_VERSION = 6
 
@@ -64,16 +62,14 @@ def active() -> bool:
     return bool(_active)
 
 
-def kernels_id() -> str:
-    """The test-id part saying how the TPU kernels run here."""
-    return LABEL if PLATFORM == "cpu" else "tpu-kernels"
-
-
 def activate() -> list[str]:
-    """On the CPU platform, make the TPU Pallas kernels run interpreted (the
-    four interventions, then interpret mode); returns the interventions made.
-    Idempotent; a no-op on a TPU. Call before the engine or a kernel is traced."""
-    if PLATFORM != "cpu" or _active:
+    """Where jax runs on the CPU, make the TPU Pallas kernels run interpreted
+    (the four interventions, then interpret mode); returns the interventions
+    made. Idempotent; a no-op on a TPU. Call before the engine or a kernel is
+    traced."""
+    import jax
+
+    if _active or jax.default_backend() != "cpu":
         return list(_active)
     from jax.experimental.pallas import tpu as pltpu
 
@@ -111,11 +107,11 @@ def tpu_info_answers_v6e() -> None:
     # jax's own hook for device kinds it does not know (get_tpu_info consults it).
     tpu_info.registry[kind] = functools.partial(tpu_info.get_tpu_info_for_chip, tpu_info.ChipVersion.TPU_V6E, 1)
     util = importlib.import_module(_TPU_VERSION_USERS[0])
-    original = util.get_tpu_version
+    original = getattr(util, "get_tpu_version")  # noqa: B009 - tpu_inference's modules are read as Any
     for name in _TPU_VERSION_USERS:
         module = importlib.import_module(name)
         if getattr(module, "get_tpu_version", None) is original:
-            module.get_tpu_version = lambda: TPU_VERSION
+            setattr(module, "get_tpu_version", lambda: TPU_VERSION)  # noqa: B010 - its modules are read as Any
 
 
 # 2 -------------------------------------------------------------------------
@@ -134,7 +130,8 @@ def step_compiler_options_dropped() -> None:
     for name in _STEP_JITTERS:
         module = importlib.import_module(name)
         if hasattr(module, "get_step_fn_compiler_options"):
-            module.get_step_fn_compiler_options = dict  # no options: XLA:CPU knows none of the TPU ones
+            # No options: XLA:CPU knows none of the TPU ones.
+            setattr(module, "get_step_fn_compiler_options", dict)  # noqa: B010 - its modules are read as Any
 
 
 # 3 -------------------------------------------------------------------------
@@ -156,7 +153,7 @@ def interpret_callbacks_on_host_operands() -> None:
 
     original = jax_callback.io_callback_impl
 
-    def io_callback_impl(*args, result_avals, callback, sharding, ordered):
+    def io_callback_impl(*args: Any, result_avals: Any, callback: Any, sharding: Any, ordered: Any) -> Any:
         if not _is_interpret_callback(callback):
             return original(*args, result_avals=result_avals, callback=callback, sharding=sharding, ordered=ordered)
         # What the original does, less its device_put onto CPU device 0.
@@ -169,7 +166,7 @@ def interpret_callbacks_on_host_operands() -> None:
 # 4 -------------------------------------------------------------------------
 
 
-def _np_bitcast(x, dtype):
+def _np_bitcast(x: Any, dtype: Any) -> Any:
     """`jax._src.state.utils.bitcast` (a ref bitcast as a TPU lays it out) in numpy."""
     import numpy as np
 
@@ -185,7 +182,7 @@ def _np_bitcast(x, dtype):
     return x.view(dtype)
 
 
-def _split(transforms) -> tuple[tuple, tuple]:
+def _split(transforms: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """The leading indexers (which interpret mode handles) and the rest."""
     from jax._src.state.indexing import NDIndexer
 
@@ -196,7 +193,7 @@ def _split(transforms) -> tuple[tuple, tuple]:
     return transforms[:n], transforms[n:]
 
 
-def _steps(transforms) -> list[tuple[str, Any]]:
+def _steps(transforms: Any) -> list[tuple[str, Any]]:
     from jax._src.pallas.mosaic.interpret import utils as interpret_utils
     from jax._src.state.indexing import NDIndexer, Slice
     from jax._src.state.types import BitcastTransform, ReshapeTransform
@@ -215,7 +212,7 @@ def _steps(transforms) -> list[tuple[str, Any]]:
     return steps
 
 
-def _views(base, steps) -> list:
+def _views(base: Any, steps: list[tuple[str, Any]]) -> list[Any]:
     """base, then the value after each step (copies where numpy cannot view)."""
     values = [base]
     for kind, arg in steps:
@@ -224,7 +221,7 @@ def _views(base, steps) -> list:
     return values
 
 
-def _write_back(values, steps, val):
+def _write_back(values: list[Any], steps: list[tuple[str, Any]], val: Any) -> Any:
     """The base array with the last value of the chain replaced by `val`."""
     import numpy as np
 
@@ -242,19 +239,24 @@ def _write_back(values, steps, val):
     return cur
 
 
-def _through_views(get: Callable, store: Callable, swap: Callable) -> tuple[Callable, Callable, Callable]:
+Op = Callable[..., Any]
+
+
+def _through_views(get: Op, store: Op, swap: Op) -> tuple[Op, Op, Op]:
     """get, store and swap that take any chain of ref transforms, made from
     interpret mode's own, which take leading indexers only."""
     import numpy as np
 
-    def get_through_views(token, device_id, local_core_id, memory_space, buffer_id, transforms, *args, **kwargs):
+    def get_through_views(token: Any, device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any, transforms: Any,
+                          *args: Any, **kwargs: Any) -> Any:
         lead, rest = _split(transforms)
         if not rest:
             return get(token, device_id, local_core_id, memory_space, buffer_id, transforms, *args, **kwargs)
         token, base = get(token, device_id, local_core_id, memory_space, buffer_id, lead, *args, **kwargs)
         return token, np.ascontiguousarray(_views(base, _steps(rest))[-1])
 
-    def store_through_views(token, device_id, local_core_id, memory_space, buffer_id, transforms, val, *args, **kwargs):
+    def store_through_views(token: Any, device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any, transforms: Any,
+                            val: Any, *args: Any, **kwargs: Any) -> Any:
         lead, rest = _split(transforms)
         if not rest:
             return store(token, device_id, local_core_id, memory_space, buffer_id, transforms, val, *args, **kwargs)
@@ -262,7 +264,8 @@ def _through_views(get: Callable, store: Callable, swap: Callable) -> tuple[Call
         token, base = get(token, device_id, local_core_id, memory_space, buffer_id, lead, source_info=kwargs.get("source_info"))
         return store(token, device_id, local_core_id, memory_space, buffer_id, lead, _write_back(_views(base, steps), steps, val), *args, **kwargs)
 
-    def swap_through_views(token, device_id, local_core_id, memory_space, buffer_id, transforms, val, mask, **kwargs):
+    def swap_through_views(token: Any, device_id: Any, local_core_id: Any, memory_space: Any, buffer_id: Any, transforms: Any,
+                           val: Any, mask: Any, **kwargs: Any) -> Any:
         lead, rest = _split(transforms)
         if not rest:
             return swap(token, device_id, local_core_id, memory_space, buffer_id, transforms, val, mask, **kwargs)
@@ -288,9 +291,3 @@ def ref_views_in_get_swap_store() -> None:
     for name, wrapper, undecorated in zip(("get", "store", "swap"), outer, inner, strict=True):
         wrapper.__wrapped__ = undecorated  # type: ignore[attr-defined]
         setattr(ipc, name, wrapper)
-
-
-def record(record_property: Callable[[str, str], None]) -> None:
-    """Say in the test's JUnit record that it ran on the stand-in (where active)."""
-    if active():
-        record_property(PROPERTY, LABEL)

@@ -1,0 +1,1 @@
+"""`maxtext-rl-overlay smoke`: qualify the installed stack on the machine it is installed on."""

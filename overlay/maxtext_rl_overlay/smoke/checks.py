@@ -1,0 +1,68 @@
+"""What `smoke` checks in an engine's generates, against references no one
+here wrote (transformers' own greedy `generate` and forward on the same
+checkpoint). Each check is a named yes or no with what it saw."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from . import tiny_llama
+
+#: The sampled batch: one prompt, SAMPLED_ROWS requests, top-k at SAMPLED_TOP_K.
+SAMPLED_PROMPT = [1, 17, 230, 5, 911, 42]
+SAMPLED_ROWS = 8
+SAMPLED_TOP_K = 4
+SAMPLED_TOKENS = 6
+#: How far the engine's logprobs may be from transformers' (torch, float32,
+#: CPU): a different implementation of the same model, so rounding only. On a
+#: TPU, float32 matmuls run at the default (bfloat16-pass) precision.
+LOGPROB_TOLERANCE = {"cpu": 1e-4, "tpu": 5e-2}
+
+
+def generates() -> list[tuple[str, list[list[int]], dict[str, Any]]]:
+    """(name, prompts, SamplingParams kwargs), run in this order."""
+    return [
+        ("greedy", tiny_llama.REFERENCE_PROMPTS, {"temperature": 0.0, "max_tokens": tiny_llama.REFERENCE_TOKENS}),
+        ("sampled", [SAMPLED_PROMPT] * SAMPLED_ROWS,
+         {"temperature": 1.0, "top_k": SAMPLED_TOP_K, "max_tokens": SAMPLED_TOKENS}),
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+def greedy(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], platform: str) -> list[Check]:
+    """The greedy tokens are transformers' and their logprobs agree."""
+    tolerance = LOGPROB_TOLERANCE.get(platform, LOGPROB_TOLERANCE["tpu"])
+    wrong = [i for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)) if out["tokens"] != ref["tokens"]]
+    tokens = sum(len(ref["tokens"]) for ref in reference)
+    if wrong:
+        i = wrong[0]
+        seen = f"prompt {i}: {outputs[i]['tokens']}, transformers' {reference[i]['tokens']}"
+        token_check = Check("greedy tokens", False, f"{len(wrong)} of {len(reference)} prompts differ; {seen}")
+    else:
+        token_check = Check("greedy tokens", True, f"{len(reference)} prompts x {tokens // len(reference)} tokens = transformers'")
+    diffs = [abs(a - b) for out, ref in zip(outputs, reference, strict=True) if out["tokens"] == ref["tokens"]
+             for a, b in zip(out["logprobs"], ref["logprobs"], strict=True)]
+    if not diffs:
+        logprob_check = Check("greedy logprobs", False, "no prompt's tokens matched: nothing to compare")
+    else:
+        worst = max(diffs)
+        logprob_check = Check("greedy logprobs", worst <= tolerance, f"max |engine - transformers| {worst:.2e} (tolerance {tolerance:.0e})")
+    return [token_check, logprob_check]
+
+
+def sampled(rows: list[dict[str, Any]], ranks: list[list[int]]) -> list[Check]:
+    """The draws sample (tpu-inference #1386 coerced top_k to 1: every
+    rollout greedy) and follow top-k."""
+    distinct = len({tuple(r["tokens"]) for r in rows})
+    differ = Check("sampled draws differ", distinct > 1, f"{distinct} distinct of {len(rows)} requests on one prompt")
+    worst = max(max(r) for r in ranks)
+    top_k = Check("sampled within top-k", worst < SAMPLED_TOP_K,
+                  f"highest rank drawn {worst} (top_k {SAMPLED_TOP_K}: ranks 0-{SAMPLED_TOP_K - 1}), by transformers' forward")
+    return [differ, top_k]

@@ -1,0 +1,150 @@
+"""One engine configuration of `smoke`, in a process of its own (an engine
+start sets process-wide state: jax's devices, vLLM's distributed groups):
+
+    python -m maxtext_rl_overlay.smoke.engine REQUEST.json RESULT.json
+
+REQUEST.json (written by run.py) names the configuration, the checkpoint,
+whether this is the CPU simulation, and the generates to run; RESULT.json
+gets the seconds of the engine start and of each generate, each generate's
+tokens and logprobs, the mesh the runner built, or the exception that
+stopped the engine and the step it was in. While it runs, the step it is in
+is kept beside RESULT.json (progress_file): a run stopped at its timeout is
+reported with that step.
+
+vLLM's `LLM` starts in this process (no engine-core subprocess), on all of
+the machine's chips, as Tunix's vLLM rollout configures it for train_rl
+(llm_kwargs): tensor parallelism over the chips, the sharding strategy's
+`device_indexes` (the runner builds its ("data", "model") mesh from them),
+`max_logprobs=1` and `logprobs_mode="processed_logprobs"`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+import time
+import traceback
+from typing import Any
+
+#: The engine process's environment, set before jax is imported.
+PROCESS_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
+    "VLLM_DISABLE_COMPILE_CACHE": "1",  # no persistent JAX cache
+    "HF_HUB_OFFLINE": "1",  # the models are made here, nothing is downloaded
+}
+#: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
+SEED = 1234
+
+
+def llm_kwargs(checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any],
+               hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`vllm.LLM`'s arguments for a tiny checkpoint, with the rollout's logprobs
+    settings (MaxText's RL rollout: `max_logprobs=1`, processed logprobs)."""
+    return dict(
+        model=str(checkpoint),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        seed=SEED,
+        generation_config="vllm",  # vLLM's defaults, not the checkpoint's generation_config.json
+        max_model_len=128,
+        max_num_seqs=8,
+        max_num_batched_tokens=32,  # a batch's prefill is chunked: mixed steps
+        tensor_parallel_size=devices,
+        num_gpu_blocks_override=64,
+        max_logprobs=1,
+        logprobs_mode="processed_logprobs",
+        additional_config=additional_config,
+        hf_overrides=hf_overrides or None,
+    )
+
+
+def device_indexes_config(devices: int) -> dict[str, Any]:
+    """Tunix's rollout sharding: every chip named by `device_indexes`."""
+    return {"sharding": {"sharding_strategy": {"device_indexes": list(range(devices))}}}
+
+
+def progress_file(result: pathlib.Path) -> pathlib.Path:
+    """Where a run keeps the step it is in, beside its result."""
+    return result.with_name(result.stem + ".progress.json")
+
+
+def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
+    request = json.loads(request_path.read_text())
+    if request["cpu_simulation"]:
+        from .cpu_simulation import simulate_v6e_8
+
+        simulate_v6e_8()  # before jax is imported
+    os.environ.update(PROCESS_ENV)
+    result: dict[str, Any] = {"config": request["config"], "seconds": {}, "generates": {}, "stand_ins": []}
+    progress = progress_file(result_path)
+
+    def at(step: str) -> None:
+        result["step"] = step
+        progress.write_text(json.dumps({"step": step}))
+
+    at("importing jax, vLLM and tpu-inference")
+    import jax
+
+    result["chips"] = jax.device_count()
+    result["platform"] = jax.default_backend()
+    if request["cpu_simulation"]:
+        from . import pallas_interpret
+
+        result["stand_ins"] = [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
+        count_live_arrays_as_memory()
+        result["stand_ins"].append("memory statistics: live arrays' bytes against 1 GiB a device")
+    from tpu_inference.runner.tpu_runner import TPUModelRunner
+    from vllm import LLM, SamplingParams
+
+    init_mesh = TPUModelRunner._init_mesh
+
+    def recording_init_mesh(self: Any) -> None:
+        init_mesh(self)
+        result["mesh"] = {name: int(size) for name, size in self.mesh.shape.items()}
+
+    TPUModelRunner._init_mesh = recording_init_mesh
+    try:
+        at("engine start")
+        began = time.monotonic()
+        llm = LLM(**llm_kwargs(pathlib.Path(request["checkpoint"]), result["chips"], device_indexes_config(result["chips"])))
+        result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
+        for name, prompts, params in request["generates"]:
+            at(f"generate {name}")
+            began = time.monotonic()
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                   SamplingParams(**params, logprobs=1, detokenize=False), use_tqdm=False)
+            result["seconds"][name] = round(time.monotonic() - began, 2)
+            result["generates"][name] = [
+                {"tokens": list(o.outputs[0].token_ids),
+                 "logprobs": [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]}
+                for o in outputs
+            ]
+        result["step"] = "done"
+    except Exception as error:  # noqa: BLE001 - reported by run.py, with the step it stopped in
+        result["stopped"] = f"{type(error).__name__}: {str(error)[:1000]}"
+        traceback.print_exc()
+    result_path.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def count_live_arrays_as_memory() -> None:
+    """CPU devices report no memory statistics (`memory_stats()` is None),
+    which the TPU worker reads as it starts: count the live arrays' bytes
+    against 1 GiB a device instead."""
+    import jax
+    import tpu_inference.utils as tpu_utils
+
+    def hbm_usage_bytes(devices: Any) -> list[tuple[int, int]]:
+        used: dict[Any, int] = {}
+        for array in jax.live_arrays():
+            for shard in array.addressable_shards:
+                used[shard.data.device] = used.get(shard.data.device, 0) + shard.data.nbytes
+        return [(used.get(d, 0), 1 << 30) for d in devices]
+
+    tpu_utils.hbm_usage_bytes = hbm_usage_bytes
+
+
+if __name__ == "__main__":
+    sys.exit(main(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])))

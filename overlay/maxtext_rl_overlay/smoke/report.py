@@ -1,0 +1,26 @@
+"""smoke's table: one row per check, with its configuration's chips and
+seconds; every row of a CPU simulation says so."""
+
+from __future__ import annotations
+
+from .. import tables
+from .cpu_simulation import NOTICE
+from .run import SmokeReport
+
+
+def _seconds(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def render(report: SmokeReport) -> str:
+    rows = [("configuration", "chips", "engine start s", "generate s", "check", "result", "seen")]
+    for config in report.configurations:
+        generate = sum(v for k, v in config.seconds.items() if k != "engine_start") if len(config.seconds) > 1 else None
+        for check in config.checks:
+            rows.append((config.name, str(config.chips or "-"), _seconds(config.seconds.get("engine_start")), _seconds(generate),
+                         check.name, "pass" if check.ok else "FAIL", check.detail + (f"  [{NOTICE}]" if report.cpu_simulation else "")))
+    lines = [tables.render(rows)]
+    stand_ins = sorted({s for c in report.configurations for s in c.stand_ins})
+    if stand_ins:
+        lines.append(f"\n{NOTICE}: the TPU kernels ran interpreted on the CPU ({'; '.join(stand_ins)}).")
+    return "\n".join(lines)
