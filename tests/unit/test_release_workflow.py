@@ -50,14 +50,48 @@ def _needs(job: dict) -> list[str]:
     return [needs] if isinstance(needs, str) else list(needs)
 
 
-def test_runs_on_a_v_tag_on_hosted_runners():
+def test_runs_on_a_v_tag_on_hosted_runners_but_the_smoke_on_the_tpu_runner():
     doc = _doc()
     on = doc.get("on", doc.get(True))  # YAML 1.1 reads the key `on` as true
     assert on["push"]["tags"] == ["v*"] and set(on) == {"push"}
     for name, job in doc["jobs"].items():
         runs_on = job["runs-on"]
+        if name == "smoke-tpu":
+            assert runs_on == ["self-hosted", "tpu-v6e-8"], runs_on
+            continue
         assert "self-hosted" not in (runs_on if isinstance(runs_on, list) else [runs_on]), name
         assert str(runs_on).startswith("ubuntu-"), name
+
+
+def test_publishes_only_after_smoke_passed_on_the_tpu_runner_for_the_same_wheels():
+    """The hardware gate: smoke, without --cpu-simulation, on the build's own
+    artifact, on the v6e-8; publish needs it. With no TPU runner declared the
+    gate job fails, saying so, and nothing after it runs."""
+    jobs = _doc()["jobs"]
+    (build_job,) = _jobs_running("scripts/build-wheels.sh")
+    (name,) = _jobs_running("scripts/smoke-wheels.sh")
+    assert name == "smoke-tpu" and name in _needs(jobs["publish"])
+    smoke = _command(jobs[name], "scripts/smoke-wheels.sh")
+    assert "--cpu-simulation" not in smoke, "on the TPU the smoke is a hardware qualification"
+    build = _command(jobs[build_job], "scripts/build-wheels.sh")
+    assert smoke[smoke.index("--wheels") + 1] == build[build.index("--out") + 1]
+    (up,) = [s["with"] for s in jobs[build_job]["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
+    (down,) = [s["with"] for s in jobs[name]["steps"] if s.get("uses", "").startswith("actions/download-artifact")]
+    assert down == {"name": up["name"], "path": up["path"]}, "the same wheels the matrix tests and publish serves"
+    (kept,) = [s for s in jobs[name]["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
+    assert kept["with"]["path"] == smoke[smoke.index("--json") + 1] and kept["if"] == "always()"
+    assert {build_job, "tpu-runner"} <= set(_needs(jobs[name])) and not jobs[name].get("if")
+    (gate,) = _runs(jobs["tpu-runner"])
+    assert "vars.MRL_TPU_RUNNER" in str(jobs["tpu-runner"]["steps"]) and "not published" in gate and "exit 1" in gate
+
+
+def test_the_tpu_gate_fails_saying_so_without_a_declared_runner(tmp_path):
+    """The gate job's own script, run as the runner runs it (bash -e)."""
+    (gate,) = _runs(_doc()["jobs"]["tpu-runner"])
+    for value, status in (("", 1), ("tpu-v5e", 1), ("tpu-v6e-8", 0)):
+        done = subprocess.run(["bash", "-e", "-c", gate], env=dict(os.environ, TPU_RUNNER=value), capture_output=True, text=True)
+        assert done.returncode == status, (value, done.stdout, done.stderr)
+        assert ("no TPU runner" in done.stdout) == bool(status), done.stdout
 
 
 def test_builds_every_pin_from_its_commit_with_the_published_base_url():
