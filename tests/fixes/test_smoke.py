@@ -90,6 +90,21 @@ def test_smoke_without_a_tpu_and_without_the_flag_cannot_run():
     assert proc.stdout == ""
 
 
+def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
+    """--timeout bounds each engine process: past it the process is stopped
+    and the check names the step it was in (at 5 s: importing, or starting)."""
+    if maxtext_shims.GLOBAL:
+        pytest.skip("the maxtext-shims run's engines are the plain run's (see the smoke fixture)")
+    out = tmp_path / "smoke.json"
+    proc = _smoke(*_flags(out), "--timeout", "5")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
+    [check] = json.loads(out.read_text())["configurations"][0]["checks"]
+    assert check["name"] == "engine ran" and not check["ok"], check
+    step = check["detail"].removeprefix("no result within 5 s; it was in: ")
+    assert step in ("importing jax, vLLM and tpu-inference", "engine start") or step.startswith("generate "), check
+    assert "llama-device-indexes: engine ran" in proc.stderr
+
+
 @pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more): would have run "
                     "smoke on a copy of the installed tpu-inference whose greedy sampler takes the least likely token, "
                     "and checked that it exits 1 naming the greedy check")
