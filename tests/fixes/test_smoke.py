@@ -20,14 +20,21 @@ import sys
 import pytest
 
 from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
-from support.fixes import maxtext_shims
+from support.fixes import maxtext_models, maxtext_shims
 from support.fixes.matrix import PLATFORM
 
 CPU = PLATFORM == "cpu"
 #: One smoke: the checkpoint, the reference, the engine start and its generates.
 SMOKE_TIMEOUT = 1500
 pytestmark = pytest.mark.timeout(SMOKE_TIMEOUT + 300)
-CHECKS = ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ", "sampled within top-k"]
+#: The configurations smoke runs here, and each one's checks: where maxtext is
+#: installed, MaxText's model too (whose sampled draws it cannot rank: MaxText's
+#: forward would need the chips the engine holds).
+CONFIGURATIONS = {
+    "llama-device-indexes": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ", "sampled within top-k"],
+    **({"maxtext-new-model-design": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ"]} if maxtext_models.AVAILABLE else {}),
+}
+ROWS = sum(len(c) for c in CONFIGURATIONS.values())
 
 
 def _smoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -54,31 +61,38 @@ def smoke(tmp_path_factory):
 def _table_rows(stdout: str) -> list[str]:
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("configuration"))
-    return [line for line in lines[start + 1 :] if line.strip() and not line.startswith(NOTICE)][: len(CHECKS)]
+    return [line for line in lines[start + 1 :] if line.strip() and not line.startswith(NOTICE)][:ROWS]
 
 
 def test_smoke_passes_every_check_on_the_installed_stack(smoke):
     proc, doc = smoke
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert doc is not None and doc["ok"] and doc["failed"] == [], doc
-    [config] = doc["configurations"]
-    assert config["name"] == "llama-device-indexes" and config["chips"] == 8
-    assert config["mesh"] == {"data": 1, "model": 8}, "Tunix's device_indexes: the ('data', 'model') mesh, all chips on model"
-    assert [c["name"] for c in config["checks"]] == CHECKS and all(c["ok"] for c in config["checks"]), config["checks"]
-    assert config["seconds"]["engine_start"] > 0 and {"greedy", "sampled"} <= set(config["seconds"])
+    configs = {c["name"]: c for c in doc["configurations"]}
+    assert list(configs) == list(CONFIGURATIONS)
+    for name, checks in CONFIGURATIONS.items():
+        config = configs[name]
+        assert config["chips"] == 8
+        assert [c["name"] for c in config["checks"]] == checks and all(c["ok"] for c in config["checks"]), config["checks"]
+        assert config["seconds"]["engine_start"] > 0 and {"greedy", "sampled"} <= set(config["seconds"])
+    assert configs["llama-device-indexes"]["mesh"] == {"data": 1, "model": 8}, "Tunix's device_indexes: ('data', 'model'), all on model"
+    if "maxtext-new-model-design" in configs:
+        mesh = configs["maxtext-new-model-design"]["mesh"]
+        assert len(mesh) == 7 and mesh["model"] == 8, f"NEW_MODEL_DESIGN's 7-axis mesh: {mesh}"
     rows = _table_rows(proc.stdout)
-    assert [re.split(r"\s{2,}", row)[4] for row in rows] == CHECKS, proc.stdout
+    assert [re.split(r"\s{2,}", row)[4] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks], proc.stdout
     assert "smoke: yes" in proc.stdout
 
 
 def test_smoke_says_on_every_line_whether_it_is_a_simulation(smoke):
     proc, doc = smoke
     rows = _table_rows(proc.stdout)
-    assert len(rows) == len(CHECKS), proc.stdout
+    assert len(rows) == ROWS, proc.stdout
     assert all((NOTICE in row) == CPU for row in rows), proc.stdout
     assert doc["cpu_simulation"] == CPU and (doc["notice"] == NOTICE) == CPU
-    stand_ins = doc["configurations"][0]["stand_ins"]
-    assert bool(stand_ins) == CPU and all("pallas-interpret" in s or "memory" in s for s in stand_ins), stand_ins
+    for config in doc["configurations"]:
+        stand_ins = config["stand_ins"]
+        assert bool(stand_ins) == CPU and all("pallas-interpret" in s or "memory" in s for s in stand_ins), stand_ins
 
 
 @pytest.mark.skipif(not CPU, reason="on a TPU smoke runs without --cpu-simulation (the other tests); this would have "
@@ -98,7 +112,7 @@ def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
     out = tmp_path / "smoke.json"
     proc = _smoke(*_flags(out), "--timeout", "5")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
-    [check] = json.loads(out.read_text())["configurations"][0]["checks"]
+    [check] = json.loads(out.read_text())["configurations"][0]["checks"]  # the first configuration's engine
     assert check["name"] == "engine ran" and not check["ok"], check
     step = check["detail"].removeprefix("no result within 5 s; it was in: ")
     assert step in ("importing jax, vLLM and tpu-inference", "engine start") or step.startswith("generate "), check

@@ -12,10 +12,10 @@ is kept beside RESULT.json (progress_file): a run stopped at its timeout is
 reported with that step.
 
 vLLM's `LLM` starts in this process (no engine-core subprocess), on all of
-the machine's chips, as Tunix's vLLM rollout configures it for train_rl
-(llm_kwargs): tensor parallelism over the chips, the sharding strategy's
-`device_indexes` (the runner builds its ("data", "model") mesh from them),
-`max_logprobs=1` and `logprobs_mode="processed_logprobs"`.
+the machine's chips, as train_rl's rollout configures it (llm_kwargs):
+tensor parallelism over the chips, `max_logprobs=1` and
+`logprobs_mode="processed_logprobs"`, in one of the configurations of
+`configuration`.
 """
 
 from __future__ import annotations
@@ -65,6 +65,21 @@ def device_indexes_config(devices: int) -> dict[str, Any]:
     return {"sharding": {"sharding_strategy": {"device_indexes": list(range(devices))}}}
 
 
+def configuration(name: str, checkpoint: pathlib.Path, devices: int) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+    """(environment, additional_config, hf_overrides) of a smoke configuration:
+    - llama-device-indexes: vLLM's Llama on Tunix's device_indexes 2D mesh;
+    - maxtext-new-model-design: MaxText's model, as train_rl's
+      maxtext_on_vllm runs it (MaxTextForCausalLM, NEW_MODEL_DESIGN=1: the
+      7-axis mesh; its weights restored by the adapter's own load_weights)."""
+    if name == "llama-device-indexes":
+        return {}, device_indexes_config(devices), {}
+    if name == "maxtext-new-model-design":
+        from .maxtext_model import engine_additional_config
+
+        return {"NEW_MODEL_DESIGN": "1"}, engine_additional_config(checkpoint), {"architectures": ["MaxTextForCausalLM"]}
+    raise ValueError(f"unknown smoke configuration {name!r}")
+
+
 def progress_file(result: pathlib.Path) -> pathlib.Path:
     """Where a run keeps the step it is in, beside its result."""
     return result.with_name(result.stem + ".progress.json")
@@ -77,6 +92,7 @@ def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
 
         simulate_v6e_8()  # before jax is imported
     os.environ.update(PROCESS_ENV)
+    checkpoint = pathlib.Path(request["checkpoint"])
     result: dict[str, Any] = {"config": request["config"], "seconds": {}, "generates": {}, "stand_ins": []}
     progress = progress_file(result_path)
 
@@ -89,6 +105,8 @@ def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
 
     result["chips"] = jax.device_count()
     result["platform"] = jax.default_backend()
+    env, additional_config, hf_overrides = configuration(request["config"], checkpoint, result["chips"])
+    os.environ.update(env)  # before tpu_inference is imported
     if request["cpu_simulation"]:
         from . import pallas_interpret
 
@@ -108,7 +126,7 @@ def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
     try:
         at("engine start")
         began = time.monotonic()
-        llm = LLM(**llm_kwargs(pathlib.Path(request["checkpoint"]), result["chips"], device_indexes_config(result["chips"])))
+        llm = LLM(**llm_kwargs(checkpoint, result["chips"], additional_config, hf_overrides))
         result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
         for name, prompts, params in request["generates"]:
             at(f"generate {name}")

@@ -22,8 +22,11 @@ from .cpu_simulation import NOTICE
 
 #: What the checks need besides the stack: the reference (transformers on CPU torch).
 NEEDED = {"jax": "jax", "vllm": "vllm", "tpu_inference": "tpu-inference", "torch": "torch", "transformers": "transformers"}
-#: The configurations smoke runs: name -> what it is.
-CONFIGURATIONS = {"llama-device-indexes": "vLLM's Llama on Tunix's device_indexes 2D mesh"}
+#: The configurations smoke runs: name -> what it is (engine.configuration).
+CONFIGURATIONS = {
+    "llama-device-indexes": "vLLM's Llama on Tunix's device_indexes 2D mesh",
+    "maxtext-new-model-design": "MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
+}
 
 
 class CannotRun(OverlayError):
@@ -79,9 +82,28 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
         with step("smoke", "making a tiny Llama here and transformers' greedy reference on it"):
             checkpoint = tiny_llama.write_checkpoint(work / "tiny-llama")
             reference = tiny_llama.reference_greedy(checkpoint, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
-        for name in CONFIGURATIONS:
-            report.configurations.append(_configuration(opts, name, work, checkpoint, reference))
+        report.configurations.append(_configuration(opts, "llama-device-indexes", work, checkpoint, reference, "transformers"))
+        if importlib.util.find_spec("maxtext") is not None:
+            report.configurations.append(_maxtext_configuration(opts, work))
     return report
+
+
+def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path) -> Configuration:
+    """MaxText's tiny qwen3 and MaxText's own greedy decoding of it, made in a
+    process of its own (it holds the chips while it runs), then the engine."""
+    name, folder = "maxtext-new-model-design", work / "tiny-maxtext"
+    with step("smoke", f"{name}: making MaxText's tiny qwen3 here and MaxText's own greedy reference on it"):
+        try:
+            done = proc.run([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(folder),
+                             *(["--cpu-simulation"] if opts.cpu_simulation else [])],
+                            check=False, timeout=opts.timeout, what="MaxText's reference")
+        except OverlayError:
+            return Configuration(name, checks=[Check("reference made", False, f"MaxText's reference took over {opts.timeout:.0f} s")])
+    if done.returncode != 0 or not (folder / "reference.json").is_file():
+        tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return Configuration(name, checks=[Check("reference made", False, f"MaxText's reference failed: {tail}")])
+    reference = json.loads((folder / "reference.json").read_text())
+    return _configuration(opts, name, work, folder, reference, "MaxText's own forward")
 
 
 def _backend(python: str) -> str:
@@ -93,7 +115,7 @@ def _backend(python: str) -> str:
 
 
 def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, checkpoint: pathlib.Path,
-                   reference: list[dict[str, Any]]) -> Configuration:
+                   reference: list[dict[str, Any]], by: str) -> Configuration:
     config = Configuration(name)
     request = work / f"{name}.request.json"
     result_path = work / f"{name}.result.json"
@@ -117,10 +139,12 @@ def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, checkpoint
         config.checks.append(Check("engine ran", False, f"stopped in {result['step']}: {result['stopped']}"))
         return config
     config.checks.append(Check("engine ran", True, f"mesh {config.mesh}"))
-    config.checks += checks.greedy(result["generates"]["greedy"], reference, result["platform"])
+    config.checks += checks.greedy(result["generates"]["greedy"], reference, result["platform"], by)
     rows = result["generates"]["sampled"]
-    with step("smoke", f"{name}: ranking the sampled tokens with transformers"):
-        ranks = tiny_llama.reference_ranks(checkpoint, checks.SAMPLED_PROMPT, [r["tokens"] for r in rows])
+    ranks = None
+    if by == "transformers":  # transformers ranks on the CPU, beside the engine; MaxText's forward would need the chips
+        with step("smoke", f"{name}: ranking the sampled tokens with transformers"):
+            ranks = tiny_llama.reference_ranks(checkpoint, checks.SAMPLED_PROMPT, [r["tokens"] for r in rows])
     config.checks += checks.sampled(rows, ranks)
     return config
 
