@@ -74,11 +74,11 @@ def work_clone(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path,
     if has_commit(git_dir, old):
         # Marks that the old pin is at hand: where-upstream searches from it.
         git("update-ref", "refs/mrl/old-pin", old, cwd=work)
-        notes += old_series_blobs(pin, work, old, patches)
+        notes += old_series_blobs(work, old, patches)
     return notes + checkout(pin, git_dir, commit, work)
 
 
-def old_series_blobs(pin: Pin, work: pathlib.Path, old: str, patches: list[pathlib.Path]) -> list[str]:
+def old_series_blobs(work: pathlib.Path, old: str, patches: list[pathlib.Path]) -> list[str]:
     """Write into the work clone every file version the series makes at the
     old pin, by applying it there in a scratch index (the work tree is not
     touched). git am -3 merges a patch that no longer applies from the blobs

@@ -143,9 +143,8 @@ def bind_upstream() -> list[str]:
     return bound
 
 
-def progress_file(result: pathlib.Path) -> pathlib.Path:
-    """Where a run keeps the step it is in, beside its result."""
-    return result.with_name(result.stem + ".progress.json")
+#: Where a run keeps the step it is in, beside its result (as smoke's engine does).
+progress_file = smoke_engine.progress_file
 
 
 def main() -> int:
