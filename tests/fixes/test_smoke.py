@@ -30,10 +30,15 @@ pytestmark = pytest.mark.timeout(SMOKE_TIMEOUT + 300)
 #: The configurations smoke runs here, and each one's checks: where maxtext is
 #: installed, MaxText's model too (whose sampled draws it cannot rank: MaxText's
 #: forward would need the chips the engine holds).
+SYNCED = ["synced greedy tokens", "synced greedy logprobs"]
 CONFIGURATIONS = {
-    "llama-device-indexes": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ", "sampled within top-k"],
-    **({"maxtext-new-model-design": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ"]} if maxtext_models.AVAILABLE else {}),
+    "llama-device-indexes": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ", "sampled within top-k", *SYNCED],
+    **({"maxtext-new-model-design": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ", *SYNCED]}
+       if maxtext_models.AVAILABLE else {}),
 }
+#: The code each configuration's sync runs: train_rl's rollout's, by configuration.
+SYNC_PATHS = {"llama-device-indexes": "Tunix's VllmSampler.update_params: transfer_state_with_mappings",
+              "maxtext-new-model-design": "MaxText's MaxTextVllmSampler.update_params: transfer_state_directly"}
 ROWS = sum(len(c) for c in CONFIGURATIONS.values())
 
 
@@ -74,13 +79,15 @@ def test_smoke_passes_every_check_on_the_installed_stack(smoke):
         config = configs[name]
         assert config["chips"] == 8
         assert [c["name"] for c in config["checks"]] == checks and all(c["ok"] for c in config["checks"]), config["checks"]
-        assert config["seconds"]["engine_start"] > 0 and {"greedy", "sampled"} <= set(config["seconds"])
+        assert config["seconds"]["engine_start"] > 0 and {"greedy", "sampled", "sync", "synced"} <= set(config["seconds"])
+        assert config["sync_path"].startswith(SYNC_PATHS[name]), config["sync_path"]
+        assert config["compiles"]["engine start"][0] > 0, config["compiles"]  # the engine's programs, counted
     assert configs["llama-device-indexes"]["mesh"] == {"data": 1, "model": 8}, "Tunix's device_indexes: ('data', 'model'), all on model"
     if "maxtext-new-model-design" in configs:
         mesh = configs["maxtext-new-model-design"]["mesh"]
         assert len(mesh) == 7 and mesh["model"] == 8, f"NEW_MODEL_DESIGN's 7-axis mesh: {mesh}"
     rows = _table_rows(proc.stdout)
-    assert [re.split(r"\s{2,}", row)[4] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks], proc.stdout
+    assert [re.split(r"\s{2,}", row)[5] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks], proc.stdout
     assert "smoke: yes" in proc.stdout
 
 

@@ -24,9 +24,13 @@ def generates() -> list[tuple[str, list[list[int]], dict[str, Any]]]:
     """(name, prompts, SamplingParams kwargs), run in this order."""
     return [
         ("greedy", tiny_llama.REFERENCE_PROMPTS, {"temperature": 0.0, "max_tokens": tiny_llama.REFERENCE_TOKENS}),
-        ("sampled", [SAMPLED_PROMPT] * SAMPLED_ROWS,
-         {"temperature": 1.0, "top_k": SAMPLED_TOP_K, "max_tokens": SAMPLED_TOKENS}),
+        ("sampled", [SAMPLED_PROMPT] * SAMPLED_ROWS, {"temperature": 1.0, "top_k": SAMPLED_TOP_K, "max_tokens": SAMPLED_TOKENS}),
     ]
+
+
+def after_sync() -> list[tuple[str, list[list[int]], dict[str, Any]]]:
+    """The generates run after the second model is synced into the engine."""
+    return [("synced", tiny_llama.REFERENCE_PROMPTS, {"temperature": 0.0, "max_tokens": tiny_llama.REFERENCE_TOKENS})]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,24 +40,29 @@ class Check:
     detail: str
 
 
-def greedy(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], platform: str, by: str = "transformers") -> list[Check]:
-    """The greedy tokens are the reference's (`by` names it) and their logprobs agree."""
+def greedy(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], platform: str, by: str = "transformers", what: str = "greedy") -> list[Check]:
+    """The greedy tokens are the reference's (`by` names it) and their logprobs
+    agree; `what` names the checks."""
     tolerance = LOGPROB_TOLERANCE.get(platform, LOGPROB_TOLERANCE["tpu"])
     wrong = [i for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)) if out["tokens"] != ref["tokens"]]
     tokens = sum(len(ref["tokens"]) for ref in reference)
     if wrong:
         i = wrong[0]
         seen = f"prompt {i}: engine {outputs[i]['tokens']}, {by} {reference[i]['tokens']}"
-        token_check = Check("greedy tokens", False, f"{len(wrong)} of {len(reference)} prompts differ; {seen}")
+        token_check = Check(f"{what} tokens", False, f"{len(wrong)} of {len(reference)} prompts differ; {seen}")
     else:
-        token_check = Check("greedy tokens", True, f"{len(reference)} prompts x {tokens // len(reference)} tokens, as {by} decodes them")
-    diffs = [abs(a - b) for out, ref in zip(outputs, reference, strict=True) if out["tokens"] == ref["tokens"]
-             for a, b in zip(out["logprobs"], ref["logprobs"], strict=True)]
+        token_check = Check(f"{what} tokens", True, f"{len(reference)} prompts, {tokens} tokens, as {by} decodes them")
+    diffs = [
+        abs(a - b)
+        for out, ref in zip(outputs, reference, strict=True)
+        if out["tokens"] == ref["tokens"]
+        for a, b in zip(out["logprobs"], ref["logprobs"], strict=True)
+    ]
     if not diffs:
-        logprob_check = Check("greedy logprobs", False, "no prompt's tokens matched: nothing to compare")
+        logprob_check = Check(f"{what} logprobs", False, "no prompt's tokens matched: nothing to compare")
     else:
         worst = max(diffs)
-        logprob_check = Check("greedy logprobs", worst <= tolerance, f"max |engine - {by}| {worst:.2e} (tolerance {tolerance:.0e})")
+        logprob_check = Check(f"{what} logprobs", worst <= tolerance, f"max |engine - {by}| {worst:.2e} (tolerance {tolerance:.0e})")
     return [token_check, logprob_check]
 
 
@@ -65,6 +74,23 @@ def sampled(rows: list[dict[str, Any]], ranks: list[list[int]] | None) -> list[C
     if ranks is None:
         return [differ]
     worst = max(max(r) for r in ranks)
-    top_k = Check("sampled within top-k", worst < SAMPLED_TOP_K,
-                  f"highest rank drawn {worst} (top_k {SAMPLED_TOP_K}: ranks 0-{SAMPLED_TOP_K - 1}), by transformers' forward")
+    top_k = Check(
+        "sampled within top-k",
+        worst < SAMPLED_TOP_K,
+        f"highest rank drawn {worst} (top_k {SAMPLED_TOP_K}: ranks 0-{SAMPLED_TOP_K - 1}), by transformers' forward",
+    )
     return [differ, top_k]
+
+
+def synced(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], before: list[dict[str, Any]], platform: str, by: str) -> list[Check]:
+    """After the sync, the engine decodes the second model as its reference
+    does. The two models' references must differ, or an engine left with
+    the first model's weights would pass."""
+    differ = sum(new["tokens"] != old["tokens"] for new, old in zip(reference, before, strict=True))
+    if not differ:
+        return [Check("synced model decodes apart", False, f"{by} decodes the second model as the first: the sync could not be told")]
+    checks = greedy(outputs, reference, platform, f"{by} (second model)", what="synced greedy")
+    stale = sum(out["tokens"] == old["tokens"] != new["tokens"] for out, old, new in zip(outputs, before, reference, strict=True))
+    if stale:  # what was seen: the engine kept the first model's weights there
+        checks[0] = Check(checks[0].name, False, f"{checks[0].detail}; {stale} prompt(s) decode as the first model still")
+    return checks

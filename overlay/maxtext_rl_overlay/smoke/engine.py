@@ -4,10 +4,12 @@ start sets process-wide state: jax's devices, vLLM's distributed groups):
     python -m maxtext_rl_overlay.smoke.engine REQUEST.json RESULT.json
 
 REQUEST.json (written by run.py) names the configuration, the checkpoint,
-whether this is the CPU simulation, and the generates to run; RESULT.json
-gets the seconds of the engine start and of each generate, each generate's
-tokens and logprobs, the mesh the runner built, or the exception that
-stopped the engine and the step it was in. While it runs, the step it is in
+whether this is the CPU simulation, the generates to run, and the second
+model to sync into the engine (sync.py) with the generates to run after it;
+RESULT.json gets the seconds of the engine start, of each generate and of
+the sync, each generate's tokens and logprobs, the programs compiled in
+each step (count and seconds), the mesh the runner built,
+or the exception that stopped the engine and the step it was in. While it runs, the step it is in
 is kept beside RESULT.json (progress_file): a run stopped at its timeout is
 reported with that step.
 
@@ -34,12 +36,13 @@ PROCESS_ENV = {
     "VLLM_DISABLE_COMPILE_CACHE": "1",  # no persistent JAX cache
     "HF_HUB_OFFLINE": "1",  # the models are made here, nothing is downloaded
 }
+#: jax's event for one XLA compilation, with its seconds.
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
 SEED = 1234
 
 
-def llm_kwargs(checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any],
-               hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def llm_kwargs(checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any], hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """`vllm.LLM`'s arguments for a tiny checkpoint, with the rollout's logprobs
     settings (MaxText's RL rollout: `max_logprobs=1`, processed logprobs)."""
     return dict(
@@ -103,6 +106,17 @@ def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
     at("importing jax, vLLM and tpu-inference")
     import jax
 
+    # The programs XLA compiles in each step and their seconds: what an engine
+    # start costs on a chip is mostly these (a TPU compiles what the CPU
+    # simulation interprets).
+    result["compiles"] = {}
+
+    def compiled(event: str, seconds: float, **_: Any) -> None:
+        if event == COMPILE_EVENT:
+            count, total = result["compiles"].get(result["step"], (0, 0.0))
+            result["compiles"][result["step"]] = (count + 1, round(total + seconds, 3))
+
+    jax.monitoring.register_event_duration_secs_listener(compiled)
     result["chips"] = jax.device_count()
     result["platform"] = jax.default_backend()
     env, additional_config, hf_overrides = configuration(request["config"], checkpoint, result["chips"])
@@ -128,17 +142,31 @@ def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
         began = time.monotonic()
         llm = LLM(**llm_kwargs(checkpoint, result["chips"], additional_config, hf_overrides))
         result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
-        for name, prompts, params in request["generates"]:
+
+        def generate(name: str, prompts: list[list[int]], params: dict[str, Any]) -> None:
             at(f"generate {name}")
             began = time.monotonic()
-            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                   SamplingParams(**params, logprobs=1, detokenize=False), use_tqdm=False)
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(**params, logprobs=1, detokenize=False), use_tqdm=False)
             result["seconds"][name] = round(time.monotonic() - began, 2)
             result["generates"][name] = [
-                {"tokens": list(o.outputs[0].token_ids),
-                 "logprobs": [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)]}
+                {
+                    "tokens": list(o.outputs[0].token_ids),
+                    "logprobs": [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)],
+                }
                 for o in outputs
             ]
+
+        for name, prompts, params in request["generates"]:
+            generate(name, prompts, params)
+        if request.get("sync"):
+            from .sync import sync_second_model
+
+            at("weight sync")
+            began = time.monotonic()
+            result["sync_path"] = sync_second_model(llm, request["config"], pathlib.Path(request["sync"]["checkpoint"]), result["chips"], additional_config)
+            result["seconds"]["sync"] = round(time.monotonic() - began, 2)
+            for name, prompts, params in request["sync"]["generates"]:
+                generate(name, prompts, params)
         result["step"] = "done"
     except Exception as error:  # noqa: BLE001 - reported by run.py, with the step it stopped in
         result["stopped"] = f"{type(error).__name__}: {str(error)[:1000]}"

@@ -10,7 +10,10 @@ chips, and the engine needs them next):
     python -m maxtext_rl_overlay.smoke.maxtext_model FOLDER [--cpu-simulation]
 
 writes the checkpoint into FOLDER and MaxText's greedy tokens for
-tiny_llama.REFERENCE_PROMPTS to FOLDER/reference.json.
+tiny_llama.REFERENCE_PROMPTS to FOLDER/reference.json; and the second model,
+the one smoke syncs into the engine, into FOLDER/SECOND with its own
+reference.json: train_rl's actor (scanned layers, another seed), which the
+engine process restores (restore_actor).
 """
 
 from __future__ import annotations
@@ -26,8 +29,13 @@ from . import tiny_llama
 # MaxText's config for a model built here, outside a training run: one
 # process, no checkpointing, synthetic data, no goodput recording.
 OFFLINE = dict(
-    per_device_batch_size=1, override_model_config=True, skip_jax_distributed_system=True,
-    enable_checkpointing=False, dataset_type="synthetic", enable_goodput_recording=False, monitor_goodput=False,
+    per_device_batch_size=1,
+    override_model_config=True,
+    skip_jax_distributed_system=True,
+    enable_checkpointing=False,
+    dataset_type="synthetic",
+    enable_goodput_recording=False,
+    monitor_goodput=False,
 )
 
 
@@ -49,14 +57,40 @@ def configs_dir() -> str:
 
 ENGINE_MODEL_NAME = "qwen3-0.6b"
 #: The tiny model's dimensions, in MaxText's words and in Hugging Face's.
-ENGINE_DIMS = {"base_emb_dim": 128, "base_num_query_heads": 8, "base_num_kv_heads": 8, "head_dim": 128,
-               "base_mlp_dim": 256, "base_num_decoder_layers": 2, "vocab_size": 1024}
-ENGINE_HF_DIMS = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128,
-                  "intermediate_size": 256, "num_hidden_layers": 2, "vocab_size": 1024, "max_position_embeddings": 512,
-                  "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+ENGINE_DIMS = {
+    "base_emb_dim": 128,
+    "base_num_query_heads": 8,
+    "base_num_kv_heads": 8,
+    "head_dim": 128,
+    "base_mlp_dim": 256,
+    "base_num_decoder_layers": 2,
+    "vocab_size": 1024,
+}
+ENGINE_HF_DIMS = {
+    "hidden_size": 128,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 512,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
 #: The config.json vLLM reads for it (the KV cache's layout; the model is MaxText's).
-ENGINE_HF_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rms_norm_eps": 1e-6,
-                    "rope_theta": 1000000.0, "tie_word_embeddings": True, "attention_bias": False, **ENGINE_HF_DIMS}
+ENGINE_HF_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    **ENGINE_HF_DIMS,
+}
 #: Where write_engine_checkpoint puts MaxText's checkpoint, under the engine's model folder.
 ENGINE_PARAMS = "maxtext-params"
 #: MaxText initialises the embedding with a standard deviation of 1 and
@@ -73,36 +107,87 @@ def engine_additional_config(checkpoint: pathlib.Path) -> dict[str, Any]:
     """vLLM's `additional_config` for MaxTextForCausalLM on `checkpoint`, as
     train_rl passes it (`maxtext_config`), with the checkpoint to load
     (`load_parameters_path`: MaxTextForCausalLM.load_weights restores it)."""
-    return {"maxtext_config": {"model_name": ENGINE_MODEL_NAME, "log_config": "false", "override_model_config": True,
-                               **ENGINE_DIMS, **_ENGINE_PRECISION, "load_parameters_path": str(checkpoint / ENGINE_PARAMS)}}
+    return {
+        "maxtext_config": {
+            "model_name": ENGINE_MODEL_NAME,
+            "log_config": "false",
+            "override_model_config": True,
+            **ENGINE_DIMS,
+            **_ENGINE_PRECISION,
+            "load_parameters_path": str(checkpoint / ENGINE_PARAMS),
+        }
+    }
 
 
-def write_engine_checkpoint(path: pathlib.Path) -> tuple[Any, Any, Any]:
-    """The tiny qwen3, initialised at random by MaxText (`from_pretrained`
-    without a checkpoint, seeded; the embedding scaled by ENGINE_EMBEDDING_SCALE), unrolled as vLLM's MaxText model has it
-    (`scan_layers=False`); its parameters written to path/ENGINE_PARAMS as the
-    NNX checkpoint `from_pretrained` restores (each nnx.Param as {"value": array},
-    Orbax), and the config.json vLLM reads to path. Returns the model: MaxText's
-    own forward of it is the engine's reference (reference_greedy), with its mesh and config."""
-    import json
+#: The second model's folder under the engine's model folder, and its seed.
+SECOND = "second"
+_SECOND_SEED = 1
 
+
+def _model_config(run_name: str, **overrides: Any) -> Any:
+    """MaxText's config of the tiny qwen3, built here (OFFLINE, but where
+    `overrides` say otherwise)."""
+    from maxtext.configs import pyconfig
+
+    settings = dict(ENGINE_DIMS, **_ENGINE_PRECISION, **OFFLINE)
+    settings.update(attention="dot_product", max_target_length=64, max_prefill_predict_length=32, **overrides)
+    return pyconfig.initialize(["", os.path.join(configs_dir(), "base.yml")], model_name=ENGINE_MODEL_NAME,
+                               run_name=run_name, **settings)
+
+
+def _write_model(path: pathlib.Path, config: Any) -> tuple[Any, Any]:
+    """MaxText's model of `config` initialised at random (`from_pretrained`
+    without a checkpoint; the embedding scaled by ENGINE_EMBEDDING_SCALE), its
+    parameters written to path/ENGINE_PARAMS as the NNX checkpoint
+    `from_pretrained` restores (each nnx.Param as {"value": array}, Orbax)."""
     import jax
     import orbax.checkpoint as ocp
     from flax import nnx
-    from maxtext.configs import pyconfig
     from maxtext.utils import model_creation_utils
 
-    config = pyconfig.initialize(
-        ["", os.path.join(configs_dir(), "base.yml")],
-        model_name=ENGINE_MODEL_NAME, **ENGINE_DIMS, **_ENGINE_PRECISION, **OFFLINE,
-        scan_layers=False, attention="dot_product", init_weights_seed=0, max_target_length=64,
-        max_prefill_predict_length=32, run_name="engine-reference",
-    )
     model, mesh = model_creation_utils.from_pretrained(config, devices=jax.devices())
     embedding = model.token_embedder.embedding
     embedding.value = embedding.value * ENGINE_EMBEDDING_SCALE
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     ocp.PyTreeCheckpointer().save(path / ENGINE_PARAMS, jax.tree.map(lambda x: {"value": x}, params))
+    return model, mesh
+
+
+def _actor_config(path: pathlib.Path | None = None) -> Any:
+    """The second model as train_rl's actor has it: scanned layers."""
+    # MaxText restores a checkpoint only with checkpointing on.
+    load = {"load_parameters_path": str(path / ENGINE_PARAMS), "enable_checkpointing": True} if path else {}
+    return _model_config("smoke-actor", scan_layers=True, init_weights_seed=_SECOND_SEED, **load)
+
+
+def write_actor_checkpoint(path: pathlib.Path) -> tuple[Any, Any, Any]:
+    """The second model (train_rl's actor: scanned layers; seeded apart from
+    the engine's), written to path/ENGINE_PARAMS. Returns the model, its mesh
+    and config: MaxText's own forward of it is the reference after the sync."""
+    config = _actor_config()
+    model, mesh = _write_model(path, config)
+    return model, mesh, config
+
+
+def restore_actor(path: pathlib.Path) -> tuple[Any, int]:
+    """The second model restored as train_rl builds its actor
+    (`from_pretrained` with `load_parameters_path`, wrapped in the Tunix
+    adapter), and the scan axis of its parameters."""
+    import jax
+    from maxtext.utils import model_creation_utils
+
+    config = _actor_config(path)
+    actor, _ = model_creation_utils.from_pretrained(config, devices=jax.devices(), wrap_with_tunix_adapter=True)
+    return actor, int(getattr(config, "param_scan_axis", 1))
+
+
+def write_engine_checkpoint(path: pathlib.Path) -> tuple[Any, Any, Any]:
+    """The tiny qwen3 the engine starts on (_write_model, seed 0), unrolled as
+    vLLM's MaxText model has it (`scan_layers=False`), and the config.json vLLM
+    reads, written to path. Returns the model, its mesh and config: MaxText's
+    own forward of it is the engine's reference (reference_greedy)."""
+    config = _model_config("engine-reference", scan_layers=False, init_weights_seed=0)
+    model, mesh = _write_model(path, config)
     (path / "config.json").write_text(json.dumps(ENGINE_HF_CONFIG))
     return model, mesh, config
 
@@ -144,7 +229,7 @@ def reference_greedy(model: Any, mesh: Any, config: Any, prompts: list[list[int]
                 sequence.append(token)
                 values.append(float(lp[token]))
                 margins.append(float(best - second))
-            out.append({"prompt": prompt, "tokens": sequence[len(prompt):], "logprobs": values, "margins": margins})
+            out.append({"prompt": prompt, "tokens": sequence[len(prompt) :], "logprobs": values, "margins": margins})
     return out
 
 
@@ -154,9 +239,10 @@ def main(folder: pathlib.Path, cpu_simulation: bool) -> int:
 
         simulate_v6e_8()  # before jax is imported
     folder.mkdir(parents=True, exist_ok=True)
-    model, mesh, config = write_engine_checkpoint(folder)
-    reference = reference_greedy(model, mesh, config, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
-    (folder / "reference.json").write_text(json.dumps(reference))
+    for where, write in ((folder, write_engine_checkpoint), (folder / SECOND, write_actor_checkpoint)):
+        model, mesh, config = write(where)
+        reference = reference_greedy(model, mesh, config, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
+        (where / "reference.json").write_text(json.dumps(reference))
     return 0
 
 

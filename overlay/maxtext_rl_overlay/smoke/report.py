@@ -13,13 +13,24 @@ def _seconds(value: float | None) -> str:
 
 
 def render(report: SmokeReport) -> str:
-    rows = [("configuration", "chips", "engine start s", "generate s", "check", "result", "seen")]
+    rows = [("configuration", "chips", "engine start s", "generate s", "sync s", "check", "result", "seen")]
     for config in report.configurations:
-        generate = sum(v for k, v in config.seconds.items() if k != "engine_start") if len(config.seconds) > 1 else None
+        generates = [v for k, v in config.seconds.items() if k not in ("engine_start", "sync")]
         for check in config.checks:
-            rows.append((config.name, str(config.chips or "-"), _seconds(config.seconds.get("engine_start")), _seconds(generate),
-                         check.name, "pass" if check.ok else "FAIL", check.detail + (f"  [{NOTICE}]" if report.cpu_simulation else "")))
+            rows.append(
+                (
+                    config.name,
+                    str(config.chips or "-"),
+                    _seconds(config.seconds.get("engine_start")),
+                    _seconds(sum(generates) if generates else None),
+                    _seconds(config.seconds.get("sync")),
+                    check.name,
+                    "pass" if check.ok else "FAIL",
+                    check.detail + (f"  [{NOTICE}]" if report.cpu_simulation else ""),
+                )
+            )
     lines = [tables.render(rows)]
+    lines += [f"{c.name}: the second model synced by {c.sync_path}" for c in report.configurations if c.sync_path]
     stand_ins = sorted({s for c in report.configurations for s in c.stand_ins})
     if stand_ins:
         lines.append(f"\n{NOTICE}: the TPU kernels ran interpreted on the CPU ({'; '.join(stand_ins)}).")

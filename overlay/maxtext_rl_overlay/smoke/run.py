@@ -16,12 +16,13 @@ from typing import Any
 from .. import proc
 from ..errors import OverlayError
 from ..progress import step
-from . import checks, engine, tiny_llama
+from . import checks, engine, maxtext_model, tiny_llama
 from .checks import Check
 from .cpu_simulation import NOTICE
 
-#: What the checks need besides the stack: the reference (transformers on CPU torch).
-NEEDED = {"jax": "jax", "vllm": "vllm", "tpu_inference": "tpu-inference", "torch": "torch", "transformers": "transformers"}
+#: What smoke needs: the engine, Tunix (the weight sync) and the reference (transformers on CPU torch).
+NEEDED = {"jax": "jax", "vllm": "vllm", "tpu_inference": "tpu-inference", "tunix": "google-tunix", "torch": "torch",
+          "transformers": "transformers"}
 #: The configurations smoke runs: name -> what it is (engine.configuration).
 CONFIGURATIONS = {
     "llama-device-indexes": "vLLM's Llama on Tunix's device_indexes 2D mesh",
@@ -48,6 +49,8 @@ class Configuration:
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     checks: list[Check] = dataclasses.field(default_factory=list)
     stand_ins: list[str] = dataclasses.field(default_factory=list)
+    sync_path: str = ""  # the code that synced the second model, in words
+    compiles: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # step -> (programs, seconds)
 
 
 @dataclasses.dataclass
@@ -60,71 +63,102 @@ class SmokeReport:
         return [f"{c.name}: {k.name}" for c in self.configurations for k in c.checks if not k.ok]
 
     def as_json(self) -> dict[str, Any]:
-        return {"cpu_simulation": self.cpu_simulation, "notice": NOTICE if self.cpu_simulation else None,
-                "ok": not self.failed, "failed": self.failed,
-                "configurations": [dataclasses.asdict(c) for c in self.configurations]}
+        return {
+            "cpu_simulation": self.cpu_simulation,
+            "notice": NOTICE if self.cpu_simulation else None,
+            "ok": not self.failed,
+            "failed": self.failed,
+            "configurations": [dataclasses.asdict(c) for c in self.configurations],
+        }
 
 
 def smoke(opts: SmokeOptions) -> SmokeReport:
     missing = [dist for module, dist in NEEDED.items() if importlib.util.find_spec(module) is None]
     if missing:
-        raise CannotRun(f"smoke needs {', '.join(missing)} in this environment (the engine, and transformers on "
-                        "CPU torch for the reference); install the overlay's closure: uv pip install -c constraints.txt "
-                        "maxtext-rl-overlay transformers.")
+        raise CannotRun(
+            f"smoke needs {', '.join(missing)} in this environment (the engine, and transformers on "
+            "CPU torch for the reference); install the overlay's closure: uv pip install -c constraints.txt "
+            "maxtext-rl-overlay transformers."
+        )
     if not opts.cpu_simulation:
         backend = _backend(opts.python)
         if backend != "tpu":
-            raise CannotRun(f"no TPU here (jax's backend is {backend}): smoke qualifies a TPU VM. "
-                            f"--cpu-simulation runs the same checks on 8 CPU devices ({NOTICE}).")
+            raise CannotRun(
+                f"no TPU here (jax's backend is {backend}): smoke qualifies a TPU VM. --cpu-simulation runs the same checks on 8 CPU devices ({NOTICE})."
+            )
     report = SmokeReport(opts.cpu_simulation, [])
     with tempfile.TemporaryDirectory(prefix="mrl-smoke-") as tmp:
         work = pathlib.Path(tmp)
-        with step("smoke", "making a tiny Llama here and transformers' greedy reference on it"):
-            checkpoint = tiny_llama.write_checkpoint(work / "tiny-llama")
-            reference = tiny_llama.reference_greedy(checkpoint, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
-        report.configurations.append(_configuration(opts, "llama-device-indexes", work, checkpoint, reference, "transformers"))
+        with step("smoke", "making two tiny Llamas here (the engine's, the one synced into it) and transformers' greedy reference on each"):
+            first, second = (tiny_llama.write_checkpoint(work / f"tiny-llama-{seed}", seed) for seed in tiny_llama.SEEDS)
+            first_reference, second_reference = (
+                tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
+            )
+        report.configurations.append(_configuration(opts, "llama-device-indexes", work, (first, first_reference), (second, second_reference), "transformers"))
         if importlib.util.find_spec("maxtext") is not None:
             report.configurations.append(_maxtext_configuration(opts, work))
     return report
 
 
 def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path) -> Configuration:
-    """MaxText's tiny qwen3 and MaxText's own greedy decoding of it, made in a
-    process of its own (it holds the chips while it runs), then the engine."""
+    """MaxText's tiny qwen3, the second one (train_rl's actor) and MaxText's
+    own greedy decoding of each, made in a process of its own (it holds the
+    chips while it runs), then the engine."""
     name, folder = "maxtext-new-model-design", work / "tiny-maxtext"
     with step("smoke", f"{name}: making MaxText's tiny qwen3 here and MaxText's own greedy reference on it"):
         try:
-            done = proc.run([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(folder),
-                             *(["--cpu-simulation"] if opts.cpu_simulation else [])],
-                            check=False, timeout=opts.timeout, what="MaxText's reference")
+            done = proc.run(
+                [opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(folder), *(["--cpu-simulation"] if opts.cpu_simulation else [])],
+                check=False,
+                timeout=opts.timeout,
+                what="MaxText's reference",
+            )
         except OverlayError:
             return Configuration(name, checks=[Check("reference made", False, f"MaxText's reference took over {opts.timeout:.0f} s")])
-    if done.returncode != 0 or not (folder / "reference.json").is_file():
+    second = folder / maxtext_model.SECOND
+    if done.returncode != 0 or not (second / "reference.json").is_file():
         tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return Configuration(name, checks=[Check("reference made", False, f"MaxText's reference failed: {tail}")])
-    reference = json.loads((folder / "reference.json").read_text())
-    return _configuration(opts, name, work, folder, reference, "MaxText's own forward")
+    first, synced = ((where, json.loads((where / "reference.json").read_text())) for where in (folder, second))
+    return _configuration(opts, name, work, first, synced, "MaxText's own forward")
 
 
 def _backend(python: str) -> str:
     """jax's default backend, asked in a fresh process (jax picks it once)."""
-    done = proc.run([python, "-c", "import jax; print(jax.default_backend())"], check=False, timeout=300,
-                    what="asking jax which backend it has")
+    done = proc.run([python, "-c", "import jax; print(jax.default_backend())"], check=False, timeout=300, what="asking jax which backend it has")
     lines = done.stdout.strip().splitlines()
     return lines[-1] if done.returncode == 0 and lines else f"none (jax failed: {(done.stderr.strip().splitlines() or ['?'])[-1]})"
 
 
-def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, checkpoint: pathlib.Path,
-                   reference: list[dict[str, Any]], by: str) -> Configuration:
+Model = tuple[pathlib.Path, list[dict[str, Any]]]  # a checkpoint and its greedy reference
+
+
+def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, first: Model, second: Model, by: str) -> Configuration:
+    """The engine started on `first`, its generates checked against `first`'s
+    reference; then `second` synced into it and checked against its own."""
+    (checkpoint, reference), (second_checkpoint, second_reference) = first, second
     config = Configuration(name)
     request = work / f"{name}.request.json"
     result_path = work / f"{name}.result.json"
-    request.write_text(json.dumps({"config": name, "checkpoint": str(checkpoint), "cpu_simulation": opts.cpu_simulation,
-                                   "generates": checks.generates()}))
-    with step("smoke", f"{name}: starting the engine on all chips and generating"):
+    request.write_text(
+        json.dumps(
+            {
+                "config": name,
+                "checkpoint": str(checkpoint),
+                "cpu_simulation": opts.cpu_simulation,
+                "generates": checks.generates(),
+                "sync": {"checkpoint": str(second_checkpoint), "generates": checks.after_sync()},
+            }
+        )
+    )
+    with step("smoke", f"{name}: starting the engine on all chips, generating, syncing the second model, generating"):
         try:
-            done = proc.run([opts.python, "-m", "maxtext_rl_overlay.smoke.engine", str(request), str(result_path)],
-                            check=False, timeout=opts.timeout, what=f"the {name} engine")
+            done = proc.run(
+                [opts.python, "-m", "maxtext_rl_overlay.smoke.engine", str(request), str(result_path)],
+                check=False,
+                timeout=opts.timeout,
+                what=f"the {name} engine",
+            )
         except OverlayError:  # past the timeout: the process is stopped
             config.checks.append(Check("engine ran", False, f"no result within {opts.timeout:.0f} s; it was in: {_step(result_path)}"))
             return config
@@ -134,18 +168,24 @@ def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, checkpoint
         return config
     result = json.loads(result_path.read_text())
     config.chips, config.mesh, config.stand_ins = result.get("chips", 0), result.get("mesh", {}), result.get("stand_ins", [])
-    config.seconds = result["seconds"]
-    if "stopped" in result:
+    config.seconds, config.compiles = result["seconds"], result.get("compiles", {})
+    generated = set(result["generates"])
+    if "stopped" in result and not {"greedy", "sampled"} <= generated:
         config.checks.append(Check("engine ran", False, f"stopped in {result['step']}: {result['stopped']}"))
         return config
     config.checks.append(Check("engine ran", True, f"mesh {config.mesh}"))
     config.checks += checks.greedy(result["generates"]["greedy"], reference, result["platform"], by)
+    config.sync_path = result.get("sync_path", "")
     rows = result["generates"]["sampled"]
     ranks = None
     if by == "transformers":  # transformers ranks on the CPU, beside the engine; MaxText's forward would need the chips
         with step("smoke", f"{name}: ranking the sampled tokens with transformers"):
             ranks = tiny_llama.reference_ranks(checkpoint, checks.SAMPLED_PROMPT, [r["tokens"] for r in rows])
     config.checks += checks.sampled(rows, ranks)
+    if "stopped" in result:  # in the sync, or in the generate after it
+        config.checks.append(Check("weight sync", False, f"stopped in {result['step']}: {result['stopped']}"))
+        return config
+    config.checks += checks.synced(result["generates"]["synced"], second_reference, reference, result["platform"], by)
     return config
 
 

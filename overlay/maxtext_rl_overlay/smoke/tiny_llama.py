@@ -35,16 +35,18 @@ CONFIG = {
     "initializer_range": 0.2,
 }
 SEED = 0
+#: smoke's two models: the engine starts on the first, the second is synced into it.
+SEEDS = (SEED, 1)
 #: The prompts the reference comparison generates from (token ids; no tokenizer).
 REFERENCE_PROMPTS = [[1, 5, 7, 9, 11, 13], [1, 900, 31, 415, 77, 260, 8, 512, 1000, 3, 64]]
 REFERENCE_TOKENS = 8
 
 
-def write_checkpoint(path: pathlib.Path) -> pathlib.Path:
+def write_checkpoint(path: pathlib.Path, seed: int = SEED) -> pathlib.Path:
     import torch
     import transformers
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG, torch_dtype="float32")).eval()
     model.save_pretrained(path, safe_serialization=True)
     return path

@@ -85,7 +85,7 @@ PROCESS_ENV = smoke_engine.PROCESS_ENV
 #: Configuration name -> (environment, vLLM's additional_config for the
 #: checkpoint folder, hf_overrides).
 CONFIGS: dict[str, tuple[dict[str, str], Callable[[pathlib.Path], dict], dict]] = {
-    "device-indexes": ({}, lambda _: {"sharding": {"sharding_strategy": {"device_indexes": list(range(DEVICES))}}}, {}),
+    "device-indexes": ({}, lambda _: smoke_engine.device_indexes_config(DEVICES), {}),
     "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, lambda _: {}, {}),
     "maxtext": ({"NEW_MODEL_DESIGN": "1"}, maxtext_models.engine_additional_config, {"architectures": ["MaxTextForCausalLM"]}),
 }
