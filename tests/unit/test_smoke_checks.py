@@ -53,3 +53,9 @@ def test_the_table_has_the_sync_seconds_and_the_simulation_on_every_row():
     for row in rows:
         assert row.split()[1:5] == ["8", "20.0", "4.0", "3.2"] and row.endswith(f"[{NOTICE}]"), row
     assert "llama-device-indexes: the second model synced by Tunix's sampler" in text
+
+
+def test_a_wrong_greedy_token_is_shown_with_the_references_margin_there():
+    reference = [dict(row, margins=[2.0, 0.01, 1.0]) for row in FIRST]
+    tokens, _ = checks.greedy(_rows([3, 4, 5], [6, 1, 8]), reference, "tpu")
+    assert not tokens.ok and "first apart at token 1; there the reference's best two logprobs are 0.010 apart" in tokens.detail

@@ -49,6 +49,9 @@ def greedy(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], platf
     if wrong:
         i = wrong[0]
         seen = f"prompt {i}: engine {outputs[i]['tokens']}, {by} {reference[i]['tokens']}"
+        at = next((j for j, (a, b) in enumerate(zip(outputs[i]["tokens"], reference[i]["tokens"], strict=False)) if a != b), None)
+        if at is not None and "margins" in reference[i]:  # a near-tie there would be rounding, not a broken engine
+            seen += f" (first apart at token {at}; there the reference's best two logprobs are {reference[i]['margins'][at]:.3f} apart)"
         token_check = Check(f"{what} tokens", False, f"{len(wrong)} of {len(reference)} prompts differ; {seen}")
     else:
         token_check = Check(f"{what} tokens", True, f"{len(reference)} prompts, {tokens} tokens, as {by} decodes them")

@@ -119,9 +119,11 @@ def engine_additional_config(checkpoint: pathlib.Path) -> dict[str, Any]:
     }
 
 
-#: The second model's folder under the engine's model folder, and its seed.
+#: The second model's folder under the engine's model folder, and its seed:
+#: chosen, like tiny_llama.SEEDS, for greedy margins of at least 0.28 (the
+#: engine's model has 0.17).
 SECOND = "second"
-_SECOND_SEED = 1
+_SECOND_SEED = 9
 
 
 def _model_config(run_name: str, **overrides: Any) -> Any:
