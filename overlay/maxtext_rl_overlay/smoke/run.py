@@ -9,8 +9,10 @@ import dataclasses
 import importlib.util
 import json
 import pathlib
+import subprocess
 import sys
 import tempfile
+import time
 from typing import Any
 
 from .. import proc
@@ -89,36 +91,68 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
     report = SmokeReport(opts.cpu_simulation, [])
     with tempfile.TemporaryDirectory(prefix="mrl-smoke-") as tmp:
         work = pathlib.Path(tmp)
-        with step("smoke", "making two tiny Llamas here (the engine's, the one synced into it) and transformers' greedy reference on each"):
-            first, second = (tiny_llama.write_checkpoint(work / f"tiny-llama-{seed}", seed) for seed in tiny_llama.SEEDS)
-            first_reference, second_reference = (
-                tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
+        # MaxText's models and references are made on the host CPU while the
+        # Llama's engine holds the chips: off the critical path.
+        maxtext = _MaxTextReference(opts, work) if importlib.util.find_spec("maxtext") is not None else None
+        try:
+            with step("smoke", "making two tiny Llamas here (the engine's, the one synced into it) and transformers' greedy reference on each"):
+                first, second = (tiny_llama.write_checkpoint(work / f"tiny-llama-{seed}", seed) for seed in tiny_llama.SEEDS)
+                first_reference, second_reference = (
+                    tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
+                )
+            report.configurations.append(
+                _configuration(opts, "llama-device-indexes", work, (first, first_reference), (second, second_reference), "transformers")
             )
-        report.configurations.append(_configuration(opts, "llama-device-indexes", work, (first, first_reference), (second, second_reference), "transformers"))
-        if importlib.util.find_spec("maxtext") is not None:
-            report.configurations.append(_maxtext_configuration(opts, work))
+            if maxtext is not None:
+                report.configurations.append(_maxtext_configuration(opts, work, maxtext))
+        finally:
+            if maxtext is not None:
+                maxtext.stop()
     return report
 
 
-def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path) -> Configuration:
+class _MaxTextReference:
     """MaxText's tiny qwen3, the second one (train_rl's actor) and MaxText's
-    own greedy decoding of each, made in a process of its own (it holds the
-    chips while it runs), then the engine."""
-    name, folder = "maxtext-new-model-design", work / "tiny-maxtext"
-    with step("smoke", f"{name}: making MaxText's tiny qwen3 here and MaxText's own greedy reference on it"):
+    own greedy decoding of each (maxtext_model.py), made in a process of its
+    own on the host CPU (it needs no chip), started at once and read when
+    MaxText's configuration comes."""
+
+    NAME = "maxtext-new-model-design"
+
+    def __init__(self, opts: SmokeOptions, work: pathlib.Path) -> None:
+        self.folder, self.log = work / "tiny-maxtext", work / "maxtext-reference.log"
+        self.began = time.monotonic()
+        step.note("smoke", f"{self.NAME}: making MaxText's tiny qwen3s and MaxText's own greedy references on the host CPU, in the background")
+        with self.log.open("w") as log:
+            self.child = subprocess.Popen([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder)],
+                                          stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, process_group=0)
+
+    def wait(self, timeout: float) -> str | None:
+        """None once the references are made, else what went wrong."""
         try:
-            done = proc.run(
-                [opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(folder), *(["--cpu-simulation"] if opts.cpu_simulation else [])],
-                check=False,
-                timeout=opts.timeout,
-                what="MaxText's reference",
-            )
-        except OverlayError:
-            return Configuration(name, checks=[Check("reference made", False, f"MaxText's reference took over {opts.timeout:.0f} s")])
+            status = self.child.wait(timeout=max(1.0, timeout - (time.monotonic() - self.began)))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            return f"MaxText's reference took over {timeout:.0f} s"
+        if status != 0 or not (self.folder / maxtext_model.SECOND / "reference.json").is_file():
+            tail = (self.log.read_text(errors="replace").strip().splitlines() or [f"exit status {status}"])[-1]
+            return f"MaxText's reference failed: {tail}"
+        return None
+
+    def stop(self) -> None:
+        if self.child.poll() is None:
+            proc.stop(self.child)
+
+
+def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path, maxtext: _MaxTextReference) -> Configuration:
+    """MaxText's configuration: its references (made in the background), then the engine."""
+    name, folder = maxtext.NAME, maxtext.folder
+    with step("smoke", f"{name}: waiting for MaxText's references"):
+        failed = maxtext.wait(opts.timeout)
+    if failed:
+        return Configuration(name, checks=[Check("reference made", False, failed)])
     second = folder / maxtext_model.SECOND
-    if done.returncode != 0 or not (second / "reference.json").is_file():
-        tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        return Configuration(name, checks=[Check("reference made", False, f"MaxText's reference failed: {tail}")])
     first, synced = ((where, json.loads((where / "reference.json").read_text())) for where in (folder, second))
     return _configuration(opts, name, work, first, synced, "MaxText's own forward")
 
