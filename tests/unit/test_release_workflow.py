@@ -73,6 +73,7 @@ def test_publishes_only_after_smoke_passed_on_the_tpu_runner_for_the_same_wheels
     assert name == "smoke-tpu" and name in _needs(jobs["publish"])
     smoke = _command(jobs[name], "scripts/smoke-wheels.sh")
     assert "--cpu-simulation" not in smoke, "on the TPU the smoke is a hardware qualification"
+    assert "--maxtext" in smoke, "MaxText's configuration too: train_rl's maxtext_on_vllm"
     build = _command(jobs[build_job], "scripts/build-wheels.sh")
     assert smoke[smoke.index("--wheels") + 1] == build[build.index("--out") + 1]
     (up,) = [s["with"] for s in jobs[build_job]["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]

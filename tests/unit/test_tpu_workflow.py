@@ -55,6 +55,7 @@ def test_workflow_smokes_the_built_wheels_on_the_tpu_and_keeps_the_json():
     smoke = commands[names.index("scripts/smoke-wheels.sh")]
     assert smoke[smoke.index("--wheels") + 1] == build[build.index("--out") + 1], "the wheels the workflow built"
     assert "--cpu-simulation" not in smoke, "on the TPU the smoke is a hardware qualification"
+    assert "--maxtext" in smoke, "MaxText's configuration too: train_rl's maxtext_on_vllm"
     assert names.index("scripts/smoke-wheels.sh") < names.index("scripts/test-matrix.sh"), "the gate first: minutes, not the suite's hour"
     (kept,) = [s for s in _job()["steps"] if s.get("uses", "").startswith("actions/upload-artifact") and "smoke" in s["with"]["name"]]
     assert kept["with"]["path"] == smoke[smoke.index("--json") + 1] and kept["if"] == "always()"
