@@ -114,6 +114,33 @@ def run(
     return done
 
 
+def start(cmd: Sequence[str | os.PathLike[str]], *, what: str, output: pathlib.Path) -> subprocess.Popen[Any]:
+    """Start `cmd` in the background, in a process group of its own, with
+    its output (stdout and stderr) written to the file `output`, and return
+    it. `run`'s rules for the start: a signal during it stops the child
+    before it is raised, and a program not installed is an OverlayError.
+    The caller owns the child from then on: it waits for it and, whatever
+    happens, stops it with `stop` while it runs."""
+    args = [os.fspath(c) for c in cmd]
+    if _verbose:
+        print(f"$ {shlex.join(args)} > {output}   (in the background)", file=sys.stderr, flush=True)
+    interrupts.check()
+    child: subprocess.Popen[Any] | None = None
+    try:
+        with output.open("w") as log, interrupts.held():
+            child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+    except FileNotFoundError:
+        if child is not None:
+            stop(child)
+            raise
+        raise OverlayError(f"{what}: {args[0]} is not installed (or not on PATH).") from None
+    except BaseException:
+        if child is not None:
+            stop(child)
+        raise
+    return child
+
+
 def stop(child: subprocess.Popen[Any]) -> None:
     """Stop `child`'s process group and wait until no process of it is left
     (SIGKILL after STOP_GRACE seconds). Never raises, and a second signal

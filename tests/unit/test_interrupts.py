@@ -23,6 +23,7 @@ import time
 import pytest
 
 from maxtext_rl_overlay import interrupts, proc, staging
+from maxtext_rl_overlay.errors import OverlayError
 
 # A program that starts a helper (its own child: the grandchild of the tool)
 # which keeps writing files into a folder, as a build backend under uv does,
@@ -86,7 +87,8 @@ def test_an_interrupt_stops_the_programs_whole_group_and_waits_for_it(tmp_path, 
     assert len(list(out.iterdir())) == files, "something still writes into the folder"
 
 
-def test_a_signal_while_a_program_starts_is_raised_once_it_can_be_stopped(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["run", "start"], ids=["in-the-foreground", "in-the-background"])
+def test_a_signal_while_a_program_starts_is_raised_once_it_can_be_stopped(tmp_path, monkeypatch, how):
     started: list[subprocess.Popen] = []
     real = subprocess.Popen
 
@@ -98,10 +100,34 @@ def test_a_signal_while_a_program_starts_is_raised_once_it_can_be_stopped(tmp_pa
         return child
 
     monkeypatch.setattr(proc.subprocess, "Popen", popen_then_signal)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     with interrupts.installed(), pytest.raises(KeyboardInterrupt):
-        proc.run([sys.executable, "-c", "import time; time.sleep(60)"], what="a sleeper")
+        if how == "run":
+            proc.run(sleeper, what="a sleeper")
+        else:
+            proc.start(sleeper, what="a sleeper", output=tmp_path / "log")
     (child,) = started
     assert child.returncode is not None and not _running(child.pid), "the program started during the signal was left running"
+
+
+def test_a_background_program_writes_its_output_to_the_file_and_stops_with_its_group(tmp_path, monkeypatch):
+    monkeypatch.setattr(proc, "STOP_GRACE", 0.5)
+    out = tmp_path / "out"
+    out.mkdir()
+    child = proc.start([sys.executable, "-c", "print('begun', flush=True); " + PARENT, WRITER, str(out), "1"],
+                       what="a writer", output=tmp_path / "log")
+    deadline = time.monotonic() + 30
+    while not (out / "pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert child.poll() is None, "it runs in the background"
+    proc.stop(child)
+    assert not _running(int((out / "pid").read_text())), "its own child, which ignores SIGTERM, outlived the stop"
+    assert (tmp_path / "log").read_text() == "begun\n"
+
+
+def test_a_background_program_not_installed_is_named(tmp_path):
+    with pytest.raises(OverlayError, match="making references: no-such-program-here is not installed"):
+        proc.start(["no-such-program-here"], what="making references", output=tmp_path / "log")
 
 
 class _SwallowsASignal:

@@ -40,6 +40,10 @@ PROCESS_ENV = {
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
 SEED = 1234
+#: The configurations' names (`configuration`): vLLM's Llama on Tunix's mesh,
+#: and MaxText's model as train_rl's maxtext_on_vllm runs it.
+LLAMA = "llama-device-indexes"
+MAXTEXT = "maxtext-new-model-design"
 
 
 def llm_kwargs(checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any], hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -74,9 +78,9 @@ def configuration(name: str, checkpoint: pathlib.Path, devices: int) -> tuple[di
     - maxtext-new-model-design: MaxText's model, as train_rl's
       maxtext_on_vllm runs it (MaxTextForCausalLM, NEW_MODEL_DESIGN=1: the
       7-axis mesh; its weights restored by the adapter's own load_weights)."""
-    if name == "llama-device-indexes":
+    if name == LLAMA:
         return {}, device_indexes_config(devices), {}
-    if name == "maxtext-new-model-design":
+    if name == MAXTEXT:
         from .maxtext_model import engine_additional_config
 
         return {"NEW_MODEL_DESIGN": "1"}, engine_additional_config(checkpoint), {"architectures": ["MaxTextForCausalLM"]}

@@ -27,8 +27,8 @@ NEEDED = {"jax": "jax", "vllm": "vllm", "tpu_inference": "tpu-inference", "tunix
           "transformers": "transformers"}
 #: The configurations smoke runs: name -> what it is (engine.configuration).
 CONFIGURATIONS = {
-    "llama-device-indexes": "vLLM's Llama on Tunix's device_indexes 2D mesh",
-    "maxtext-new-model-design": "MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
+    engine.LLAMA: "vLLM's Llama on Tunix's device_indexes 2D mesh",
+    engine.MAXTEXT: "MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
 }
 
 
@@ -101,7 +101,7 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
                     tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
                 )
             report.configurations.append(
-                _configuration(opts, "llama-device-indexes", work, (first, first_reference), (second, second_reference), "transformers")
+                _configuration(opts, engine.LLAMA, work, (first, first_reference), (second, second_reference), "transformers")
             )
             if maxtext is not None:
                 report.configurations.append(_maxtext_configuration(opts, work, maxtext))
@@ -117,16 +117,14 @@ class _MaxTextReference:
     own on the host CPU (it needs no chip), started at once and read when
     MaxText's configuration comes."""
 
-    NAME = "maxtext-new-model-design"
+    NAME = engine.MAXTEXT
 
     def __init__(self, opts: SmokeOptions, work: pathlib.Path) -> None:
         self.folder, self.log = work / "tiny-maxtext", work / "maxtext-reference.log"
         self.began = time.monotonic()
         step.note("smoke", f"{self.NAME}: making MaxText's tiny qwen3s and MaxText's own greedy references on the host CPU, in the background")
-        with self.log.open("w") as log:
-            self.child = subprocess.Popen([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder)],
-                                          stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, process_group=0)
+        self.child = proc.start([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder)],
+                                what=f"{self.NAME}: making MaxText's references", output=self.log)
 
     def wait(self, timeout: float) -> str | None:
         """None once the references are made, else what went wrong."""
@@ -141,7 +139,7 @@ class _MaxTextReference:
         return None
 
     def stop(self) -> None:
-        if self.child.poll() is None:
+        if self.child.poll() is None:  # (a reaped child's number may be another's by now)
             proc.stop(self.child)
 
 

@@ -26,25 +26,26 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
+from .engine import LLAMA, MAXTEXT
+
 
 def sync_second_model(llm: Any, config_name: str, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> str:
     """Syncs the model at `checkpoint` into `llm`; returns the path it took, in words."""
     from tunix.generate.mappings import MappingConfig
     from tunix.generate.vllm_sampler import VllmConfig, VllmSampler
 
-    if config_name == "llama-device-indexes":
+    if config_name == LLAMA:
         source, mapping = _tunix_llama(checkpoint, devices)
         config = VllmConfig(mapping_config=mapping, additional_config=additional_config, tensor_parallel_size=devices)
         _around(VllmSampler, llm, config).update_params(source)
         return "Tunix's VllmSampler.update_params: transfer_state_with_mappings from Tunix's Llama3"
-    if config_name == "maxtext-new-model-design":
+    if config_name == MAXTEXT:
+        from flax import nnx
         from maxtext.integration.vllm.maxtext_vllm_rollout import MaxTextVllmSampler
 
         from .maxtext_model import restore_actor
 
         actor, scan_axis = restore_actor(checkpoint)
-        from flax import nnx
-
         config = VllmConfig(mapping_config=MappingConfig(), additional_config=additional_config, tensor_parallel_size=devices)
         sampler = _around(MaxTextVllmSampler, llm, config)
         # MaxTextVllmRollout's choices for maxtext_on_vllm: no converter, the
