@@ -150,6 +150,37 @@ def test_sampled_tokens_and_sets_are_upstreams(upstream, overlay, mesh_shape):
 
 
 @mesh_ids
+def test_bfloat16_logits_keep_upstreams_sets(upstream, overlay, mesh_shape):
+    """A bfloat16 model's logits (the engine's tiny MoE, any bfloat16 model
+    on a TPU) hold many ties. At the rollout's settings (temperature 0.9,
+    top_k 50, top_p 0.95) the top-p threshold falls on one of the row's
+    own probabilities: the overlay keeps every value upstream keeps (ties
+    included) and draws the same tokens. The candidates' probabilities,
+    computed apart from the row's, once rounded an ulp away and cut the
+    threshold's own value on the (2, 4) mesh, in half of these rows."""
+    mesh = runner_mesh(mesh_shape, "auto")
+    sampling = {"temperature": np.full(B, 0.9, np.float32), "top_k": np.full(B, 50, np.int32), "top_p": np.full(B, 0.95, np.float32)}
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        x = logits_on(mesh, np.asarray(jax.numpy.asarray(rng.normal(size=(B, V)) * 3, jax.numpy.bfloat16), np.float32))
+        meta = rollout_metadata(mesh, **sampling)
+        want_tokens, want_logits = upstream.sample(jax.random.key(seed), mesh, x, meta)
+        got_tokens, got_logits = overlay.sample(jax.random.key(seed), mesh, x, meta)
+        np.testing.assert_array_equal(np.asarray(got_tokens), np.asarray(want_tokens), err_msg=f"tokens, seed {seed}")
+        np.testing.assert_array_equal(np.asarray(got_logits) <= -1e11, np.asarray(want_logits) <= -1e11, err_msg=f"kept set, seed {seed}")
+
+
+def rollout_metadata(mesh, temperature, top_k, top_p):
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
+
+    rows = NamedSharding(mesh, P(ShardingAxisName.ATTN_DATA))
+    return TPUSupportedSamplingMetadata(temperature=jax.device_put(temperature, rows), top_k=jax.device_put(top_k, rows),
+                                        top_p=jax.device_put(top_p, rows), do_sampling=True,
+                                        _cache_collision_dummy=jax.device_put(np.zeros((2,), np.int32), NamedSharding(mesh, P())))
+
+
+@mesh_ids
 @pytest.mark.parametrize("k", TOP_K)
 def test_logprobs_are_upstreams(upstream, overlay, mesh_shape, k):
     mesh = runner_mesh(mesh_shape, "auto")
@@ -175,9 +206,10 @@ def test_vocab_layout_only_where_the_vocab_is_partitioned():
 
 
 def test_dp_attention_mesh_keeps_todays_programs(upstream, overlay):
-    """The mesh of upstream's #3584 revert (an MoE model with TP=1 and
-    data-parallel attention: NEW_MODEL_DESIGN's 7 axes, all 8 devices on
-    "attn_dp"): the vocab is not partitioned outside the data axes, so the
+    """Data-parallel attention over every device (NEW_MODEL_DESIGN's 7
+    axes, all 8 devices on "attn_dp"; with TP=1, EP=8 the engine puts the
+    experts on "expert" instead: test_series_engine_start.py's tiny MoE):
+    the vocab is not partitioned outside the data axes, so the
     overlay lowers to upstream's programs, text for text, and they compile."""
     from tpu_inference.layers.common.sharding import MESH_AXIS_NAMES, ShardingAxisName, ShardingAxisNameBase
     from tpu_inference.layers.jax.sample import vocab_sharded

@@ -37,6 +37,14 @@ tests check (an engine start costs 20-60 s here). The engines:
   adapter's own `load_weights`: on the overlay its greedy tokens equal
   MaxText's own forward of the same weights outside vLLM, logprobs within
   LOGPROB_TOLERANCE; in the full matrix the pin's engine gives the same.
+- `moe-tp1-ep8-dp-attention`: the configuration whose warm-up hung
+  upstream's vocab-sharded sampler (#3490, reverted in #3584), a tiny MoE
+  (support/fixes/tiny_moe.py: tpu-inference's own JAX Llama 4, bfloat16)
+  with TP=1, EP=8 and data-parallel attention (the rows split over
+  attn_dp_expert, the vocab over "expert"): every program compiles, none
+  gathers the vocab, and the pin's engine (its sampler gathering the vocab)
+  gives the same greedy and sampled tokens. Its reference is the pin's
+  engine, not transformers: see tiny_moe.py.
 
 On the CPU simulation the engine's TPU kernels (the attention) run in Pallas
 TPU interpret mode (the tool's maxtext_rl_overlay/smoke/pallas_interpret.py; the test ids say
@@ -57,7 +65,7 @@ import pytest
 
 from maxtext_rl_overlay.smoke import tiny_llama
 from support import TESTS
-from support.fixes import engine_start, kernel_mode, maxtext_models, maxtext_shims
+from support.fixes import engine_start, kernel_mode, maxtext_models, maxtext_shims, tiny_moe
 from support.fixes.matrix import PLATFORM
 from support.fixes.meshes import WSC_ASSERT
 
@@ -110,6 +118,12 @@ def maxtext_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def moe_model(tmp_path_factory):
+    """The tiny MoE's checkpoint folder (support/fixes/tiny_moe.py)."""
+    return tiny_moe.write_checkpoint(tmp_path_factory.mktemp("tiny-moe"))
+
+
+@pytest.fixture(scope="module")
 def engines(checkpoint, tmp_path_factory, request):
     """(config, upstream) -> the engine's result; each engine runs once a module."""
     if maxtext_shims.GLOBAL:
@@ -122,7 +136,8 @@ def engines(checkpoint, tmp_path_factory, request):
 
     def engine(config: str, upstream: bool) -> dict:
         if (config, upstream) not in results:
-            model = request.getfixturevalue("maxtext_model")[0] if config == "maxtext" else checkpoint
+            model = {"maxtext": lambda: request.getfixturevalue("maxtext_model")[0],
+                     engine_start.MOE: lambda: request.getfixturevalue("moe_model")}.get(config, lambda: checkpoint)()
             results[config, upstream] = start_engine(tmp_path_factory.mktemp(config), model, config, upstream)
         return results[config, upstream]
 
@@ -336,3 +351,38 @@ def test_upstream_maxtext_model_gives_the_overlays_tokens(kernels, engines, maxt
     record_run(record_property, upstream)
     assert not upstream.get("stopped"), describe(upstream)
     check_same_generations(overlay, upstream, ("reference", "rollout_greedy"), record_property)
+
+
+@pytest.mark.parametrize("kernels", [KERNELS])
+def test_moe_with_tp1_ep8_dp_attention_samples_on_the_vocab_shards(kernels, engines, record_property):
+    """The configuration whose warm-up compilation hung upstream's
+    vocab-sharded sampler (#3490, reverted in #3584): a MoE model with TP=1,
+    EP=8 and data-parallel attention. The engine splits the devices into
+    rows (attn_dp_expert) and experts ("expert", which the LM head shards
+    the vocab by): patch 0006 samples on the vocab's shards there, every
+    program the runner precompiles compiles (a hang fails the test with the
+    step and the compilation the engine was in), none gathers the vocab,
+    and the engine generates."""
+    result = engines(engine_start.MOE, False)
+    record_run(record_property, result)
+    assert result.get("started") and not result.get("stopped"), describe(result)
+    mesh = result["mesh"]
+    assert set(mesh["axis_types"]) == {"AxisType.Auto"}, mesh
+    assert {a: n for a, n in mesh["shape"].items() if n > 1} == {"attn_dp_expert": 2, "expert": 4}, mesh
+    programs = sampler_programs(result)
+    assert programs and all(v == [] for v in programs.values()), programs
+    assert [len(g["tokens"]) for g in result["generates"]["rollout_sampled"]] == [engine_start.ROLLOUT_TOKENS] * len(engine_start.ROLLOUT_PROMPTS)
+
+
+@pytest.mark.parametrize("kernels", [KERNELS])
+def test_moe_gives_the_pins_greedy_and_sampled_tokens(kernels, engines, record_property):
+    """The pin's engine in the same configuration, its sampler gathering
+    the vocab (the reference: the same model code, so any difference is
+    the sampler's): the same greedy tokens and, for the engine's seed, the
+    same tokens sampled at the rollout's temperature, top-k and top-p, each
+    logprob within rounding."""
+    overlay, upstream = engines(engine_start.MOE, False), engines(engine_start.MOE, True)
+    record_run(record_property, upstream)
+    assert upstream.get("started") and not upstream.get("stopped"), describe(upstream)
+    assert any(sampler_programs(upstream).values()), "the pin's programs gather the vocab"
+    check_same_generations(overlay, upstream, ("reference", "rollout_sampled"), record_property)

@@ -82,13 +82,24 @@ from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
 #: module for progress_file, and its other children inherit its environment).
 PROCESS_ENV = smoke_engine.PROCESS_ENV
 
+#: The tiny MoE's configuration (TP=1, EP=8, data-parallel attention).
+MOE = "moe-tp1-ep8-dp-attention"
 #: Configuration name -> (environment, vLLM's additional_config for the
 #: checkpoint folder, hf_overrides).
 CONFIGS: dict[str, tuple[dict[str, str], Callable[[pathlib.Path], dict], dict]] = {
     "device-indexes": ({}, lambda _: smoke_engine.device_indexes_config(DEVICES), {}),
     "new-model-design": ({"NEW_MODEL_DESIGN": "1"}, lambda _: {}, {}),
     "maxtext": ({"NEW_MODEL_DESIGN": "1"}, maxtext_models.engine_additional_config, {"architectures": ["MaxTextForCausalLM"]}),
+    # The configuration whose warm-up hung upstream's vocab-sharded sampler
+    # (#3490, reverted in #3584): a MoE model (tiny_moe.py) with TP=1, EP=8
+    # and data-parallel attention, on NEW_MODEL_DESIGN's 7-axis mesh.
+    MOE: ({"NEW_MODEL_DESIGN": "1"},
+          lambda _: {"sharding": {"sharding_strategy": {"tensor_parallelism": 1, "expert_parallelism": 8, "enable_dp_attention": True}}},
+          {}),
 }
+#: vLLM's arguments that differ from the smoke engine's, by configuration:
+#: tpu-inference's Llama 4 holds its parameters and KV cache in bfloat16.
+LLM_ARGS = {MOE: {"dtype": "bfloat16"}}
 #: The compilation manager's sampling and logprobs programs, by name: each is
 #: compiled once more and its collectives recorded (RESULT.json's `programs`).
 SAMPLER_PROGRAMS = ("sample", "gather_logprobs", "gather_logprobs_spec", "compute_and_gather_prompt_logprobs")
@@ -99,17 +110,23 @@ ROLLOUT_TOKENS = 6
 ROLLOUT_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 0.95}
 
 
-def generates():
-    """(name, prompts, SamplingParams kwargs), run in this order."""
+#: The generates of a configuration that runs fewer than all of them (each
+#: costs an engine on the CPU simulation 10-25 s).
+GENERATES = {MOE: ("reference", "rollout_sampled")}
+
+
+def generates(config: str):
+    """(name, prompts, SamplingParams kwargs) the configuration runs, in this order."""
     from maxtext_rl_overlay.smoke.tiny_llama import REFERENCE_PROMPTS, REFERENCE_TOKENS
 
     greedy = {"temperature": 0.0}
-    return [
+    every = [
         ("reference", REFERENCE_PROMPTS, dict(greedy, max_tokens=REFERENCE_TOKENS)),
         ("rollout_greedy", ROLLOUT_PROMPTS, dict(greedy, max_tokens=ROLLOUT_TOKENS)),
         ("rollout_sampled", ROLLOUT_PROMPTS, dict(ROLLOUT_SAMPLING, max_tokens=ROLLOUT_TOKENS)),
         ("rollout_greedy_again", ROLLOUT_PROMPTS, dict(greedy, max_tokens=ROLLOUT_TOKENS)),
     ]
+    return [g for g in every if g[0] in GENERATES.get(config, [name for name, _, _ in every])]
 
 
 
@@ -285,12 +302,12 @@ def main() -> int:
 
     try:
         began = time.monotonic()
-        llm = LLM(**smoke_engine.llm_kwargs(args.checkpoint, DEVICES, additional_config, hf_overrides))
+        llm = LLM(**(smoke_engine.llm_kwargs(args.checkpoint, DEVICES, additional_config, hf_overrides) | LLM_ARGS.get(args.config, {})))
         result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
         result["started"] = True
         step[0] = "generate"
         note_progress()
-        for name, prompts, params in generates():
+        for name, prompts, params in generates(args.config):
             began = time.monotonic()
             outputs = llm.generate(
                 [{"prompt_token_ids": p} for p in prompts],
