@@ -149,7 +149,9 @@ def test_sampled_tokens_and_sets_are_upstreams(upstream, overlay, mesh_shape):
     assert kept[3] == 100 and kept[5] > 64 * mesh_shape[1], kept  # the fallbacks: more than the candidates
 
 
-@mesh_ids
+# The (2, 4) mesh (rows and vocab both split, as in the engine's tiny MoE)
+# in the quick matrix too: there the bug this test names showed.
+@pytest.mark.parametrize("mesh_shape", sorted(set(MESHES) | {(2, 4)}), ids=lambda m: "x".join(map(str, m)))
 def test_bfloat16_logits_keep_upstreams_sets(upstream, overlay, mesh_shape):
     """A bfloat16 model's logits (the engine's tiny MoE, any bfloat16 model
     on a TPU) hold many ties. At the rollout's settings (temperature 0.9,
