@@ -72,7 +72,7 @@ TOP_KS = np.array([5, 5, 3, 70, 1, 0, 10, 20], np.int32)
 TOP_P = np.array([0.9, 1.0, 1.0, 1.0, 0.5, 0.999, 0.95, 0.7], np.float32)
 
 
-def metadata(mesh, do_sampling, top_k=TOP_KS):
+def metadata(mesh, do_sampling, top_k=TOP_KS, temperature=TEMPERATURE, top_p=TOP_P):
     from tpu_inference.layers.common.sharding import ShardingAxisName
     from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
 
@@ -83,7 +83,7 @@ def metadata(mesh, do_sampling, top_k=TOP_KS):
     if not do_sampling:
         return TPUSupportedSamplingMetadata(do_sampling=False, _cache_collision_dummy=dummy)
     rows = P(ShardingAxisName.ATTN_DATA)
-    return TPUSupportedSamplingMetadata(temperature=put(TEMPERATURE, rows), top_k=put(top_k, rows), top_p=put(TOP_P, rows),
+    return TPUSupportedSamplingMetadata(temperature=put(temperature, rows), top_k=put(top_k, rows), top_p=put(top_p, rows),
                                         _cache_collision_dummy=dummy, do_sampling=True)
 
 
@@ -159,27 +159,16 @@ def test_bfloat16_logits_keep_upstreams_sets(upstream, overlay, mesh_shape):
     own probabilities: the overlay keeps every value upstream keeps (ties
     included) and draws the same tokens. The candidates' probabilities,
     computed apart from the row's, once rounded an ulp away and cut the
-    threshold's own value on the (2, 4) mesh, in half of these rows."""
+    threshold's own value on the (2, 4) mesh (22 of 40 seeds and keys, by hand)."""
     mesh = runner_mesh(mesh_shape, "auto")
-    sampling = {"temperature": np.full(B, 0.9, np.float32), "top_k": np.full(B, 50, np.int32), "top_p": np.full(B, 0.95, np.float32)}
+    meta = metadata(mesh, True, temperature=np.full(B, 0.9, np.float32), top_k=np.full(B, 50, np.int32), top_p=np.full(B, 0.95, np.float32))
     for seed in range(10):
         rng = np.random.default_rng(seed)
         x = logits_on(mesh, np.asarray(jax.numpy.asarray(rng.normal(size=(B, V)) * 3, jax.numpy.bfloat16), np.float32))
-        meta = rollout_metadata(mesh, **sampling)
         want_tokens, want_logits = upstream.sample(jax.random.key(seed), mesh, x, meta)
         got_tokens, got_logits = overlay.sample(jax.random.key(seed), mesh, x, meta)
         np.testing.assert_array_equal(np.asarray(got_tokens), np.asarray(want_tokens), err_msg=f"tokens, seed {seed}")
         np.testing.assert_array_equal(np.asarray(got_logits) <= -1e11, np.asarray(want_logits) <= -1e11, err_msg=f"kept set, seed {seed}")
-
-
-def rollout_metadata(mesh, temperature, top_k, top_p):
-    from tpu_inference.layers.common.sharding import ShardingAxisName
-    from tpu_inference.layers.jax.sample.sampling_metadata import TPUSupportedSamplingMetadata
-
-    rows = NamedSharding(mesh, P(ShardingAxisName.ATTN_DATA))
-    return TPUSupportedSamplingMetadata(temperature=jax.device_put(temperature, rows), top_k=jax.device_put(top_k, rows),
-                                        top_p=jax.device_put(top_p, rows), do_sampling=True,
-                                        _cache_collision_dummy=jax.device_put(np.zeros((2,), np.int32), NamedSharding(mesh, P())))
 
 
 @mesh_ids

@@ -136,8 +136,12 @@ def engines(checkpoint, tmp_path_factory, request):
 
     def engine(config: str, upstream: bool) -> dict:
         if (config, upstream) not in results:
-            model = {"maxtext": lambda: request.getfixturevalue("maxtext_model")[0],
-                     engine_start.MOE: lambda: request.getfixturevalue("moe_model")}.get(config, lambda: checkpoint)()
+            if config == "maxtext":
+                model = request.getfixturevalue("maxtext_model")[0]
+            elif config == engine_start.MOE:
+                model = request.getfixturevalue("moe_model")
+            else:
+                model = checkpoint
             results[config, upstream] = start_engine(tmp_path_factory.mktemp(config), model, config, upstream)
         return results[config, upstream]
 
