@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import math
 import pathlib
 import sys
 import traceback
 
 from . import __version__, interrupts, proc
 from .errors import OverlayError, UsageError
+from .smoke import run as smoke_run
 
 DESCRIPTION = """\
 MaxText RL's vLLM/Tunix stack on TPU: the pinned upstreams (google-tunix,
@@ -147,23 +149,46 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
     from .smoke.report import render
-    from .smoke.run import CannotRun, SmokeOptions, smoke
+    from .smoke.run import BrokenStack, CannotRun, SmokeOptions, smoke
     from .staging import write_atomically
 
+    def write_json(doc: dict[str, object]) -> None:
+        if args.json:
+            write_atomically(args.json, (json.dumps(doc, indent=1) + "\n").encode())
+
+    # Before any work: FILE must be writable, and until the end it says that
+    # smoke did not finish, never what an earlier run found.
+    write_json({"ok": False, "failed": ["smoke did not finish"], "finished": False})  # an OverlayError naming FILE: status 3
     try:
         report = smoke(SmokeOptions(cpu_simulation=args.cpu_simulation, timeout=args.timeout))
     except CannotRun as exc:
+        write_json({"ok": False, "failed": [], "cannot_run": str(exc), "finished": True})
         print(f"smoke: cannot run here: {exc}", file=sys.stderr)
         return ExitCode.ERROR
-    print(render(report))
-    if args.json:
-        write_atomically(args.json, (json.dumps(report.as_json(), indent=1) + "\n").encode())
-    where = " (CPU simulation: not a hardware qualification)" if report.cpu_simulation else ""
-    if report.failed:
-        print(f"\nsmoke: NO{where} - {len(report.failed)} check(s) failed: {'; '.join(report.failed)}", file=sys.stderr)
+    except BrokenStack as exc:
+        write_json({"ok": False, "failed": [str(exc)], "finished": True})
+        print(f"smoke: NO - the installed stack is broken: {exc}", file=sys.stderr)
         return ExitCode.CHECK_FAILED
-    print(f"\nsmoke: yes{where} - every check passed.")
+    print(render(report))
+    write_json(dict(report.as_json(), finished=True))
+    where = " (CPU simulation: not a hardware qualification)" if report.cpu_simulation else ""
+    skipped = "".join(f"; {name} skipped: {why}" for name, why in report.skipped.items())
+    if report.failed:
+        print(f"\nsmoke: NO{where} - {len(report.failed)} check(s) failed: {'; '.join(report.failed)}{skipped}", file=sys.stderr)
+        return ExitCode.CHECK_FAILED
+    print(f"\nsmoke: yes{where} - every check passed{skipped}.")
     return ExitCode.OK
+
+
+def _seconds_arg(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, not {text!r}")
+    return value
 
 
 def _cmd_lint(args: argparse.Namespace) -> int:
@@ -291,7 +316,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--cpu-simulation", action="store_true",
                    help="run the same checks on 8 CPU devices, the TPU kernels interpreted (not a hardware qualification)")
     s.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE")
-    s.add_argument("--timeout", type=float, default=900.0, metavar="SECONDS",
+    s.add_argument("--timeout", type=_seconds_arg, default=smoke_run.DEFAULT_TIMEOUT, metavar="SECONDS",
                    help="for each engine process, start and generates (default: %(default).0f); past it the check names the step")
     s.set_defaults(func=_cmd_smoke)
 

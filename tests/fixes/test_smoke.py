@@ -28,18 +28,16 @@ CPU = PLATFORM == "cpu"
 SMOKE_TIMEOUT = 1500
 pytestmark = pytest.mark.timeout(SMOKE_TIMEOUT + 300)
 #: The configurations smoke runs here, and each one's checks: where maxtext is
-#: installed, MaxText's model too (whose sampled draws it cannot rank: MaxText's
-#: forward would need the chips the engine holds).
-SYNCED = ["synced greedy tokens", "synced greedy logprobs"]
-CONFIGURATIONS = {
-    "llama-device-indexes": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ", "sampled within top-k", *SYNCED],
-    **({"maxtext-new-model-design": ["engine ran", "greedy tokens", "greedy logprobs", "sampled draws differ", *SYNCED]}
-       if maxtext_models.AVAILABLE else {}),
-}
+#: installed, MaxText's model too; where it is not, a row says it was skipped.
+CHECKS = ["engine ran", "greedy tokens", "greedy logprobs", "sampled batch's greedy tokens", "sampled batch's greedy logprobs",
+          "sampled draws differ", "sampled within top-k, top-p", "sampled logprobs", "sampled draws can tell",
+          "synced greedy tokens", "synced greedy logprobs"]
+CONFIGURATIONS = {"llama-device-indexes": CHECKS, **({"maxtext-new-model-design": CHECKS} if maxtext_models.AVAILABLE else {})}
+SKIPPED = {} if maxtext_models.AVAILABLE else {"maxtext-new-model-design": "maxtext not installed"}
 #: The code each configuration's sync runs: train_rl's rollout's, by configuration.
 SYNC_PATHS = {"llama-device-indexes": "Tunix's VllmSampler.update_params: transfer_state_with_mappings",
               "maxtext-new-model-design": "MaxText's MaxTextVllmSampler.update_params: transfer_state_directly"}
-ROWS = sum(len(c) for c in CONFIGURATIONS.values())
+ROWS = sum(len(c) for c in CONFIGURATIONS.values()) + len(SKIPPED)
 
 
 def _smoke(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -86,8 +84,13 @@ def test_smoke_passes_every_check_on_the_installed_stack(smoke):
     if "maxtext-new-model-design" in configs:
         mesh = configs["maxtext-new-model-design"]["mesh"]
         assert len(mesh) == 7 and mesh["model"] == 8, f"NEW_MODEL_DESIGN's 7-axis mesh: {mesh}"
+    assert doc["skipped"] == SKIPPED and doc["finished"], doc
     rows = _table_rows(proc.stdout)
-    assert [re.split(r"\s{2,}", row)[5] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks], proc.stdout
+    assert [re.split(r"\s{2,}", row)[5] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks] + ["-"] * len(SKIPPED), \
+        proc.stdout
+    for name, why in SKIPPED.items():  # a configuration this install cannot run is said, in the table and the last line
+        assert any(row.startswith(name) and f"skipped  {why}" in row for row in rows), proc.stdout
+        assert f"{name} skipped: {why}" in proc.stdout
     assert "smoke: yes" in proc.stdout
 
 
@@ -100,6 +103,22 @@ def test_smoke_says_on_every_line_whether_it_is_a_simulation(smoke):
     for config in doc["configurations"]:
         stand_ins = config["stand_ins"]
         assert bool(stand_ins) == CPU and all("pallas-interpret" in s or "memory" in s for s in stand_ins), stand_ins
+
+
+@pytest.mark.parametrize("package, raises", [("jax", "ImportError('libjax is missing')"), ("torch", "OSError('libtorch_cpu.so: cannot open')")])
+def test_a_package_that_fails_to_import_is_a_broken_stack_named_as_such(tmp_path, package, raises):
+    """Not "no TPU here", not a bug: exit 1, naming the package and its
+    error, before any engine starts; --json says the same."""
+    (tmp_path / "shadow" / package).mkdir(parents=True)
+    (tmp_path / "shadow" / package / "__init__.py").write_text(f"raise {raises}\n")
+    out = tmp_path / "smoke.json"
+    out.write_text(json.dumps({"ok": True}))  # an earlier pass must not survive
+    proc = _smoke("--json", str(out), env={"PYTHONPATH": str(tmp_path / "shadow")})  # without --cpu-simulation: the probe asks jax
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
+    assert f"smoke: NO - the installed stack is broken: {package} fails to import: {raises.split('(')[0]}" in proc.stderr, proc.stderr[-2000:]
+    assert "no TPU here" not in proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["ok"] is False and f"{package} fails to import" in doc["failed"][0], doc
 
 
 @pytest.mark.skipif(not CPU, reason="on a TPU smoke runs without --cpu-simulation (the other tests); this would have "
@@ -126,27 +145,98 @@ def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
     assert "llama-device-indexes: engine ran" in proc.stderr
 
 
-@pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more): would have run "
-                    "smoke on a copy of the installed tpu-inference whose greedy sampler takes the least likely token, "
-                    "and checked that it exits 1 naming the greedy check")
-def test_smoke_names_a_broken_greedy_sampler(tmp_path):
-    """The installed sampler, broken: greedy takes the argmin (a copy of the
-    installed tpu_inference first on the path, its vocab-sharded greedy
-    negated). smoke says no, naming the check."""
+#: Breaks of the installed vocab-sharded sampler (patch 0006's, which both
+#: configurations run): the line as it is, the line broken, and the check
+#: that must say no.
+BREAKS = {
+    "greedy takes the least likely token": ("        return _argmax(logits, _shard_offset(logits, layout), layout)\n",
+                                            "        return _argmax(-logits, _shard_offset(logits, layout), layout)\n", "greedy tokens"),
+    "top-p ignored": ("        apply_topp = (top_p < 1.0)[:, None]\n", "        apply_topp = (top_p < 0.0)[:, None]\n",
+                      "sampled within top-k, top-p"),
+    "top-k ignored": ("        apply_topk = (top_k > 0)[:, None]\n", "        apply_topk = (top_k < 0)[:, None]\n", "sampled within top-k, top-p"),
+    "temperature ignored": ("        z = logits / jnp.expand_dims(temperature.astype(jnp.float32), -1)\n",
+                            "        z = logits + 0 * jnp.expand_dims(temperature.astype(jnp.float32), -1)\n", "sampled logprobs"),
+    "processed logprobs from the unprocessed logits": ("        ret_logits = jnp.where(is_greedy[:, None], logits, processed)\n",
+                                                       "        ret_logits = logits\n", "sampled logprobs"),
+}
+
+
+@pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more each): would have run "
+                    "smoke on copies of the installed tpu-inference whose sampler is broken (greedy takes the least likely token; "
+                    "top-p, top-k or the temperature ignored; processed logprobs of the unprocessed logits) and checked that "
+                    "each exits 1 naming the check that sees it")
+@pytest.mark.parametrize("break_", list(BREAKS))
+def test_smoke_names_a_broken_sampler(tmp_path, break_):
+    """The installed sampler, broken (a copy of the installed tpu_inference
+    first on the path, one line of its vocab-sharded sampler changed): smoke
+    says no, naming the check, in every configuration."""
     import tpu_inference
 
     if maxtext_shims.GLOBAL:
         pytest.skip("the maxtext-shims run's engines are the plain run's (see the smoke fixture)")
+    right, wrong, check = BREAKS[break_]
     shadow = tmp_path / "shadow"
     shutil.copytree(pathlib.Path(tpu_inference.__file__).parent, shadow / "tpu_inference")
     sampler = shadow / "tpu_inference" / "layers" / "jax" / "sample" / "vocab_sharded.py"
     text = sampler.read_text()
-    right = "        return _argmax(logits, _shard_offset(logits, layout), layout)\n"
-    assert text.count(right) == 1, "patch 0006's greedy body moved: update this test"
-    sampler.write_text(text.replace(right, right.replace("_argmax(logits,", "_argmax(-logits,")))
+    assert text.count(right) == 1, f"patch 0006's sampler moved ({right.strip()!r}): update this test"
+    sampler.write_text(text.replace(right, wrong))
     out = tmp_path / "smoke.json"
     proc = _smoke(*_flags(out), env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
-    assert "smoke: NO" in proc.stderr and "llama-device-indexes: greedy tokens" in proc.stderr, proc.stderr[-2000:]
-    checks = {c["name"]: c["ok"] for c in json.loads(out.read_text())["configurations"][0]["checks"]}
-    assert checks["engine ran"] and not checks["greedy tokens"], checks
+    for config in json.loads(out.read_text())["configurations"]:
+        checks = {c["name"]: c["ok"] for c in config["checks"]}
+        assert checks["engine ran"] and not checks[check], (config["name"], checks)
+        assert f"{config['name']}: {check}" in proc.stderr, proc.stderr[-2000:]
+
+
+# -- the sync check sees every parameter --------------------------------------
+#
+# smoke's second model differs from the first in every parameter (its norms
+# drawn too), so a sync that leaves any kind of parameter stale decodes apart
+# from the second model's reference. Each case makes that stale sync here:
+# the second model with one kind of parameter still the first's, decoded by
+# transformers as the engine would decode it, then given to smoke's check.
+
+LLAMA_KINDS = {"embedding": "embed_tokens.", "LM head": "lm_head.", "norms": "norm.", "attention": "self_attn.", "MLP": "mlp."}
+
+
+@pytest.fixture(scope="module")
+def llama_pair(tmp_path_factory):
+    from maxtext_rl_overlay.smoke import tiny_llama
+
+    work = tmp_path_factory.mktemp("llama-pair")
+    first = tiny_llama.write_checkpoint(work / "first", tiny_llama.SEEDS[0])
+    second = tiny_llama.write_checkpoint(work / "second", tiny_llama.SEEDS[1], tiny_llama.CONSTANTS_SPREAD)
+    refs = [tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)]
+    return work, first, second, refs
+
+
+def test_the_second_llama_differs_from_the_first_in_every_parameter(llama_pair):
+    import safetensors.torch
+
+    _, first, second = llama_pair[:3]
+    a, b = (safetensors.torch.load_file(str(c / "model.safetensors")) for c in (first, second))
+    assert a.keys() == b.keys()
+    same = [name for name in a if bool((a[name] == b[name]).any())]
+    assert not same, f"parameters with elements the sync could leave stale unseen: {same}"
+
+
+@pytest.mark.parametrize("kind", list(LLAMA_KINDS))
+def test_a_sync_that_leaves_one_kind_of_parameter_stale_fails_smokes_check(llama_pair, kind):
+    import safetensors.torch
+
+    from maxtext_rl_overlay.smoke import checks, tiny_llama
+
+    work, first, second, (first_ref, second_ref) = llama_pair
+    stale = work / f"stale-{kind.replace(' ', '-')}"
+    shutil.copytree(second, stale)
+    old, new = (safetensors.torch.load_file(str(c / "model.safetensors")) for c in (first, stale))
+    left = [name for name in new if LLAMA_KINDS[kind] in name]
+    assert left, kind
+    safetensors.torch.save_file({k: (old[k] if k in left else v) for k, v in new.items()}, str(stale / "model.safetensors"),
+                                metadata={"format": "pt"})
+    engine = tiny_llama.reference_greedy(stale, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
+    for platform in checks.LOGPROB_TOLERANCE:  # the CPU simulation's tolerance and a TPU's
+        said = checks.synced(engine, second_ref, first_ref, platform, "transformers")
+        assert not all(c.ok for c in said), (kind, platform, said)

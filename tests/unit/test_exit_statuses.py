@@ -88,6 +88,59 @@ def test_smoke_where_the_engine_or_the_reference_is_missing_cannot_run(monkeypat
     assert captured.out == ""
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "nan", "soon"])
+def test_smoke_timeout_must_be_positive_and_finite(value):
+    done = _cli("smoke", "--cpu-simulation", "--timeout", value)
+    assert done.returncode == cli.ExitCode.USAGE, done.stderr
+    assert "--timeout" in done.stderr and value in done.stderr, done.stderr
+
+
+def test_smoke_json_in_a_folder_that_does_not_exist_is_said_before_any_work(tmp_path):
+    done = _cli("smoke", "--cpu-simulation", "--json", str(tmp_path / "no-such-folder" / "smoke.json"))
+    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    (line,) = _error_lines(done)
+    assert "cannot write" in line and "no-such-folder/smoke.json" in line, line
+
+
+def test_smoke_that_cannot_run_leaves_its_json_saying_so_not_an_old_pass(monkeypatch, tmp_path, capsys):
+    """A stale FILE from a passing run must not survive a run that did not pass."""
+    from maxtext_rl_overlay.smoke import run
+
+    out = tmp_path / "smoke.json"
+    out.write_text(json.dumps({"ok": True, "failed": []}))
+    monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")
+    assert cli.main(["smoke", "--cpu-simulation", "--json", str(out)]) == cli.ExitCode.ERROR
+    doc = json.loads(out.read_text())
+    assert doc["ok"] is False and "mrl-no-such-reference" in doc["cannot_run"], doc
+
+
+def _fake_python(tmp_path: pathlib.Path, stdout: str, stderr: str = "") -> str:
+    """An interpreter that answers smoke's import probe as a broken or busy one would."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncat <<'OUT'\n{stdout}\nOUT\ncat >&2 <<'ERR'\n{stderr}\nERR\n")
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def test_a_package_that_fails_to_import_is_named_not_a_missing_tpu(tmp_path):
+    from maxtext_rl_overlay.smoke import run
+
+    fake = _fake_python(tmp_path, json.dumps({"errors": {"torch": "OSError: libtorch_cpu.so: cannot open shared object file"},
+                                              "backend": None}))
+    with pytest.raises(run.BrokenStack, match="torch fails to import: OSError: libtorch_cpu.so"):
+        run._probe(fake, ask_backend=True)
+
+
+def test_a_tpu_held_by_another_process_is_said_so(tmp_path):
+    from maxtext_rl_overlay.smoke import run
+
+    fake = _fake_python(tmp_path, json.dumps({"errors": {}, "backend": "cpu"}),
+                        "Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 4242.")
+    with pytest.raises(run.CannotRun, match="the TPU is held by another process.*pid 4242"):
+        run._probe(fake, ask_backend=True)
+    assert run._probe(_fake_python(tmp_path, json.dumps({"errors": {}, "backend": "cpu"})), ask_backend=True) == "cpu"
+
+
 def test_a_revision_that_is_not_a_number(project):
     _edit(project / "pyproject.toml", r"^revision = \d+$", 'revision = "two"')
     done = _cli("lint", "--project", str(project))

@@ -3,6 +3,8 @@ yes and no to (the engine runs in tests/fixes/test_smoke.py)."""
 
 from __future__ import annotations
 
+import math
+
 from maxtext_rl_overlay.smoke import checks, report
 from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
 from maxtext_rl_overlay.smoke.run import Configuration, SmokeReport
@@ -37,10 +39,119 @@ def test_greedy_logprobs_beyond_the_platforms_tolerance_say_no():
     assert checks.greedy(_rows([3, 4, 5], [6, 7, 8], logprob=-0.52), FIRST, "tpu")[1].ok  # bfloat16 passes on a TPU
 
 
+# -- the sampled rows, on logits given here --------------------------------
+#
+# A slowly falling distribution over 300 ids (logit -0.01 * id): at the
+# sampled settings top-p over the top 50 keeps the first 39 of them, so a
+# sampler ignoring top-p would draw one of the other 11 about one time in 5,
+# and top-p over the whole vocabulary keeps ~200, so one ignoring top-k would
+# leave the kept set most of the time. Every position of every row sees these logits.
+
+LOGITS = [-0.01 * i for i in range(300)]
+
+
+def _kept() -> list[int]:
+    """The ids top-k then top-p keep at the sampled settings, worked out here."""
+    t, k, p = checks.SAMPLED["temperature"], checks.SAMPLED["top_k"], checks.SAMPLED["top_p"]
+    weights = [math.exp(x / t) for x in LOGITS[:k]]
+    kept, mass = [], 0.0
+    for i, w in enumerate(weights):
+        if mass >= p * sum(weights):
+            break
+        kept.append(i)
+        mass += w
+    return kept
+
+
+def _processed_logprob(token: int, kept: list[int], temperature: float) -> float:
+    return LOGITS[token] / temperature - math.log(sum(math.exp(LOGITS[i] / temperature) for i in kept))
+
+
+def _sampled(tokens: list[list[int]], logprob=None) -> tuple[list[dict], list[list[list[float]]]]:
+    """Rows with these draws and the engine's processed logprobs (or `logprob`'s), and the reference's logits."""
+    kept = _kept()
+    lp = logprob or (lambda token: _processed_logprob(token, kept, checks.SAMPLED["temperature"]))
+    rows = [{"tokens": row, "logprobs": [lp(t) for t in row]} for row in tokens]
+    return rows, [[LOGITS] * len(row) for row in tokens]
+
+
+def _draws(rows: int = 6, length: int = 32) -> list[list[int]]:
+    """Draws inside the kept set, each row its own."""
+    kept = _kept()
+    return [[kept[(r * 7 + i * 3) % len(kept)] for i in range(length)] for r in range(rows)]
+
+
+def _checks(rows, logits, platform="cpu") -> dict[str, checks.Check]:
+    return {c.name: c for c in checks.sampled(rows, logits, platform)}
+
+
+def test_the_kept_set_here_is_the_one_the_comment_says():
+    assert len(_kept()) == 39
+
+
+def test_right_draws_pass_every_sampled_check():
+    out = _checks(*_sampled(_draws()))
+    assert list(out) == ["sampled draws differ", "sampled within top-k, top-p", "sampled logprobs", "sampled draws can tell"]
+    assert all(c.ok for c in out.values()), out
+    assert "192 draws at temperature 1.5, top_k 50, top_p 0.8" in out["sampled within top-k, top-p"].detail
+
+
+def test_a_draw_that_top_p_cuts_says_no():
+    draws = _draws()
+    draws[2][5] = 47  # in the top 50, beyond top-p's 39
+    out = _checks(*_sampled(draws, logprob=lambda t: -3.0))
+    assert not out["sampled within top-k, top-p"].ok and "row 2 token 5: 47, rank 47" in out["sampled within top-k, top-p"].detail
+
+
+def test_a_draw_that_top_k_cuts_says_no():
+    draws = _draws()
+    draws[0][0] = 120
+    out = _checks(*_sampled(draws, logprob=lambda t: -3.0))
+    assert not out["sampled within top-k, top-p"].ok and "row 0 token 0: 120, rank 120" in out["sampled within top-k, top-p"].detail
+
+
+def test_logprobs_of_the_unprocessed_logits_say_no():
+    raw = lambda t: LOGITS[t] - math.log(sum(math.exp(x) for x in LOGITS))  # noqa: E731
+    out = _checks(*_sampled(_draws(), logprob=raw))
+    assert out["sampled within top-k, top-p"].ok and not out["sampled logprobs"].ok, out
+
+
+def test_logprobs_at_another_temperature_say_no():
+    out = _checks(*_sampled(_draws(), logprob=lambda t: _processed_logprob(t, _kept(), 1.0)))
+    assert not out["sampled logprobs"].ok, out["sampled logprobs"]
+
+
+def test_a_token_on_the_top_p_boundary_is_rounding_not_a_failure():
+    """Where the mass before a token is within the boundary of top-p, the
+    engine may keep it or not: logprobs over either set pass; a token
+    further from the cut is not given that leeway."""
+    t, band = checks.SAMPLED["temperature"], checks.BOUNDARY["cpu"][1]
+
+    def logits_with_mass_before_10th(before: float) -> list[float]:
+        # Nine ids share `before`, the next 41 the rest of the top 50, the others far below.
+        weights = [before / 9] * 9 + [(1 - before) / 41] * 41
+        return [t * math.log(w) for w in weights] + [-50.0] * 250
+
+    def engine_logprob(logits: list[float], token: int, kept: int) -> float:
+        return logits[token] / t - math.log(sum(math.exp(x / t) for x in logits[:kept]))
+
+    for before, ok in ((checks.SAMPLED["top_p"] - band / 10, True), (checks.SAMPLED["top_p"] - band * 10, False)):
+        logits = logits_with_mass_before_10th(before)  # the reference keeps the 10th id, by a hair or by a margin
+        draws = [[(r + i) % 9 for i in range(32)] for r in range(6)]
+        rows = [{"tokens": row, "logprobs": [engine_logprob(logits, x, 9) for x in row]} for row in draws]  # the engine cut it
+        out = {c.name: c for c in checks.sampled(rows, [[logits] * 32] * 6, "cpu")}
+        assert out["sampled within top-k, top-p"].ok and out["sampled logprobs"].ok == ok, (before, out["sampled logprobs"])
+
+
+def test_draws_too_few_to_tell_a_broken_sampler_say_no():
+    out = _checks(*_sampled(_draws(rows=2, length=4)))
+    assert not out["sampled draws can tell"].ok and "bound 1e-06" in out["sampled draws can tell"].detail
+
+
 def test_sampled_draws_all_alike_say_no():
-    differ, top_k = checks.sampled(_rows([1, 2], [1, 2]), [[0, 0], [0, 0]])
-    assert not differ.ok and top_k.ok
-    assert not checks.sampled(_rows([1, 2], [1, 3]), [[0, checks.SAMPLED_TOP_K]])[1].ok
+    assert not _checks(*_sampled([_draws()[0]] * 6))["sampled draws differ"].ok
+    [differ] = checks.sampled(_rows([1, 2], [1, 2]), None, "cpu")  # no reference: the draws can still be told alike
+    assert not differ.ok
 
 
 def test_the_table_has_the_sync_seconds_and_the_simulation_on_every_row():

@@ -147,10 +147,13 @@ def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
         llm = LLM(**llm_kwargs(checkpoint, result["chips"], additional_config, hf_overrides))
         result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
 
-        def generate(name: str, prompts: list[list[int]], params: dict[str, Any]) -> None:
+        def generate(name: str, prompts: list[list[int]], params: dict[str, Any] | list[dict[str, Any]]) -> None:
             at(f"generate {name}")
             began = time.monotonic()
-            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(**params, logprobs=1, detokenize=False), use_tqdm=False)
+            # One batch: a list gives each prompt its own settings (greedy rows beside sampled ones).
+            sampling = [SamplingParams(**p, logprobs=1, detokenize=False) for p in params] if isinstance(params, list) \
+                else SamplingParams(**params, logprobs=1, detokenize=False)
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False)
             result["seconds"][name] = round(time.monotonic() - began, 2)
             result["generates"][name] = [
                 {

@@ -10,13 +10,15 @@ the chips meanwhile). On one CPU device MaxText's forward of the same
 weights differs from the engine's by up to 7e-3 in a logprob, where on 8 it
 agrees to 1e-5: the reference keeps the engine's device count.
 
-    python -m maxtext_rl_overlay.smoke.maxtext_model FOLDER
+    python -m maxtext_rl_overlay.smoke.maxtext_model FOLDER [TIMEOUT]
 
 writes the checkpoint into FOLDER and MaxText's greedy tokens for
 tiny_llama.REFERENCE_PROMPTS to FOLDER/reference.json; and the second model,
 the one smoke syncs into the engine, into FOLDER/SECOND with its own
 reference.json: train_rl's actor (scanned layers, another seed), which the
-engine process restores (restore_actor).
+engine process restores (restore_actor). Then it waits for the rows the
+engine sampled (FOLDER/ROWS_FILE) and writes MaxText's logits at each drawn
+position (FOLDER/LOGITS_FILE): the reference of the sampled checks.
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ from typing import Any
 from . import tiny_llama
 
 # MaxText's config for a model built here, outside a training run: one
-# process, no checkpointing, synthetic data, no goodput recording.
+# process, no checkpointing, synthetic data, no goodput recording, and no
+# persistent compilation cache (MaxText's default, ~/jax_cache, is shared by
+# every MaxText process of the machine, and jax writes its entries in place:
+# a reference must not depend on what other processes left or are writing).
 OFFLINE = dict(
+    jax_cache_dir="",
     per_device_batch_size=1,
     override_model_config=True,
     skip_jax_distributed_system=True,
@@ -123,10 +129,10 @@ def engine_additional_config(checkpoint: pathlib.Path) -> dict[str, Any]:
 
 
 #: The second model's folder under the engine's model folder, and its seed:
-#: chosen, like tiny_llama.SEEDS, for greedy margins of at least 0.28 (the
-#: engine's model has 0.17).
+#: chosen, like tiny_llama.SEEDS, for greedy margins of at least 0.17 with its
+#: norms drawn (the engine's model has 0.17 too; seed 9's came within 0.014).
 SECOND = "second"
-_SECOND_SEED = 9
+_SECOND_SEED = 4
 
 
 def _model_config(run_name: str, **overrides: Any) -> Any:
@@ -140,12 +146,15 @@ def _model_config(run_name: str, **overrides: Any) -> Any:
                                run_name=run_name, **settings)
 
 
-def _write_model(path: pathlib.Path, config: Any) -> tuple[Any, Any]:
+def _write_model(path: pathlib.Path, config: Any, constants_spread: float = 0.0) -> tuple[Any, Any]:
     """MaxText's model of `config` initialised at random (`from_pretrained`
     without a checkpoint; the embedding scaled by ENGINE_EMBEDDING_SCALE), its
     parameters written to path/ENGINE_PARAMS as the NNX checkpoint
-    `from_pretrained` restores (each nnx.Param as {"value": array}, Orbax)."""
+    `from_pretrained` restores (each nnx.Param as {"value": array}, Orbax).
+    With `constants_spread`, every parameter MaxText initialises to one value
+    (the norms' scales) is that value times 1 + spread * N(0, 1)."""
     import jax
+    import jax.numpy as jnp
     import orbax.checkpoint as ocp
     from flax import nnx
     from maxtext.utils import model_creation_utils
@@ -153,6 +162,13 @@ def _write_model(path: pathlib.Path, config: Any) -> tuple[Any, Any]:
     model, mesh = model_creation_utils.from_pretrained(config, devices=jax.devices())
     embedding = model.token_embedder.embedding
     embedding.value = embedding.value * ENGINE_EMBEDDING_SCALE
+    if constants_spread:
+        key = jax.random.key(config.init_weights_seed)
+        for _, node in nnx.iter_graph(model):
+            if isinstance(node, nnx.Param) and node.value.size > 1 and bool(jnp.all(node.value == node.value.ravel()[0])):
+                key, draw = jax.random.split(key)
+                spread = 1 + constants_spread * jax.random.normal(draw, node.value.shape, node.value.dtype)
+                node.value = jax.device_put(node.value * spread, node.value.sharding)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     ocp.PyTreeCheckpointer().save(path / ENGINE_PARAMS, jax.tree.map(lambda x: {"value": x}, params))
     return model, mesh
@@ -167,10 +183,13 @@ def _actor_config(path: pathlib.Path | None = None) -> Any:
 
 def write_actor_checkpoint(path: pathlib.Path) -> tuple[Any, Any, Any]:
     """The second model (train_rl's actor: scanned layers; seeded apart from
-    the engine's), written to path/ENGINE_PARAMS. Returns the model, its mesh
-    and config: MaxText's own forward of it is the reference after the sync."""
+    the engine's, its norms drawn too: it differs from the engine's model in
+    every parameter), written to path/ENGINE_PARAMS. Returns the model, its
+    mesh and config: MaxText's own forward of it is the reference after the sync."""
+    from .tiny_llama import CONSTANTS_SPREAD
+
     config = _actor_config()
-    model, mesh = _write_model(path, config)
+    model, mesh = _write_model(path, config, CONSTANTS_SPREAD)
     return model, mesh, config
 
 
@@ -197,58 +216,102 @@ def write_engine_checkpoint(path: pathlib.Path) -> tuple[Any, Any, Any]:
     return model, mesh, config
 
 
-def reference_greedy(model: Any, mesh: Any, config: Any, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
-    """MaxText's own forward (the model's `__call__`, training mode, dot-product
-    attention, the whole sequence each step) decoding greedily: per prompt
-    the tokens, each token's logprob (log_softmax of the logits) and the
-    margin between the best and second-best logprob."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
+class Forward:
+    """MaxText's own forward of a model (its `__call__`, training mode,
+    dot-product attention, the whole sequence at once), jitted once: the
+    log-softmax of its logits at every position of a token sequence."""
+
+    def __init__(self, model: Any, mesh: Any, config: Any) -> None:
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        self.mesh, self.config, self.length = mesh, config, config.max_target_length
+        graphdef, self.state = nnx.split(model)
+
+        def forward(state: Any, tokens: Any, segments: Any) -> Any:
+            positions = jnp.arange(self.length, dtype=jnp.int32)[None]
+            logits = nnx.merge(graphdef, state)(tokens, positions, decoder_segment_ids=segments, enable_dropout=False)
+            return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+        self._logprobs = jax.jit(forward)
+
+    def __call__(self, sequence: list[int]) -> Any:
+        """[len(sequence), vocab]: at each position, the next token's log-probabilities."""
+        import flax.linen as nn
+        import numpy as np
+
+        # Padded to one length (one compilation); causal attention: the
+        # padding after the last token does not reach it.
+        tokens = np.zeros((1, self.length), np.int32)
+        tokens[0, : len(sequence)] = sequence
+        segments = (np.arange(self.length) < len(sequence)).astype(np.int32)[None]
+        with self.mesh, nn.logical_axis_rules(self.config.logical_axis_rules):
+            return np.asarray(self._logprobs(self.state, tokens, segments))[0, : len(sequence)]
+
+
+def reference_greedy(forward: Forward, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+    """MaxText's own forward decoding greedily: per prompt the tokens, each
+    token's logprob (log_softmax of the logits) and the margin between the
+    best and second-best logprob."""
     import numpy as np
-    from flax import nnx
-
-    length = config.max_target_length
-    graphdef, state = nnx.split(model)
-
-    def forward(state: Any, tokens: Any, segments: Any) -> Any:
-        positions = jnp.arange(length, dtype=jnp.int32)[None]
-        logits = nnx.merge(graphdef, state)(tokens, positions, decoder_segment_ids=segments, enable_dropout=False)
-        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-
-    logprobs = jax.jit(forward)
 
     out = []
-    with mesh, nn.logical_axis_rules(config.logical_axis_rules):
-        for prompt in prompts:
-            sequence, values, margins = list(prompt), [], []
-            for _ in range(max_tokens):
-                # Padded to one length (one compilation); causal attention: the
-                # padding after the last token does not reach it.
-                tokens = np.zeros((1, length), np.int32)
-                tokens[0, : len(sequence)] = sequence
-                segments = (np.arange(length) < len(sequence)).astype(np.int32)[None]
-                lp = np.asarray(logprobs(state, tokens, segments))[0, len(sequence) - 1]
-                second, best = np.sort(lp)[-2:]
-                token = int(np.argmax(lp))
-                sequence.append(token)
-                values.append(float(lp[token]))
-                margins.append(float(best - second))
-            out.append({"prompt": prompt, "tokens": sequence[len(prompt) :], "logprobs": values, "margins": margins})
+    for prompt in prompts:
+        sequence, values, margins = list(prompt), [], []
+        for _ in range(max_tokens):
+            lp = forward(sequence)[-1]
+            second, best = np.sort(lp)[-2:]
+            token = int(np.argmax(lp))
+            sequence.append(token)
+            values.append(float(lp[token]))
+            margins.append(float(best - second))
+        out.append({"prompt": prompt, "tokens": sequence[len(prompt) :], "logprobs": values, "margins": margins})
     return out
 
 
-def main(folder: pathlib.Path) -> int:
+def reference_logits(forward: Forward, prompt: list[int], rows: list[list[int]]) -> list[list[list[float]]]:
+    """For each row of tokens drawn after `prompt`, MaxText's log-probabilities
+    at each drawn position (the logits up to a constant per position, which
+    temperature, top-k and top-p do not see)."""
+    return [forward(prompt + tokens)[len(prompt) - 1 : -1].tolist() for tokens in rows]
+
+
+#: The files of the exchange with smoke about the sampled rows (in FOLDER):
+#: smoke writes the drawn rows, this process MaxText's logits at them.
+ROWS_FILE, LOGITS_FILE = "sampled-rows.json", "sampled-logits.json"
+
+
+def write_json(path: pathlib.Path, value: Any) -> None:
+    """Written whole or not at all: the reader polls for the name."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(value))
+    os.replace(part, path)
+
+
+def main(folder: pathlib.Path, timeout: float) -> int:
+    """Write both models and their greedy references; then wait (up to
+    `timeout`, and while smoke lives) for the engine's sampled rows, and
+    write MaxText's logits at them for the first model."""
+    import time
+
     from .cpu_simulation import simulate_v6e_8
 
     simulate_v6e_8()  # before jax is imported
     folder.mkdir(parents=True, exist_ok=True)
+    forwards = []
     for where, write in ((folder, write_engine_checkpoint), (folder / SECOND, write_actor_checkpoint)):
-        model, mesh, config = write(where)
-        reference = reference_greedy(model, mesh, config, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
-        (where / "reference.json").write_text(json.dumps(reference))
+        forwards.append(Forward(*write(where)))
+        write_json(where / "reference.json", reference_greedy(forwards[-1], tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS))
+    parent, deadline = os.getppid(), time.monotonic() + timeout
+    while not (folder / ROWS_FILE).is_file():
+        if time.monotonic() > deadline or os.getppid() != parent:
+            return 0  # no rows asked for: smoke stopped before, or has no sampled rows to check
+        time.sleep(0.5)
+    request = json.loads((folder / ROWS_FILE).read_text())
+    write_json(folder / LOGITS_FILE, reference_logits(forwards[0], request["prompt"], request["rows"]))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(pathlib.Path(sys.argv[1])))
+    sys.exit(main(pathlib.Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 3600.0))

@@ -29,6 +29,8 @@ def render(report: SmokeReport) -> str:
                     check.detail + (f"  [{NOTICE}]" if report.cpu_simulation else ""),
                 )
             )
+    for name, why in report.skipped.items():  # a configuration this install cannot run is a row too, not silence
+        rows.append((name, "-", "-", "-", "-", "-", "skipped", why + (f"  [{NOTICE}]" if report.cpu_simulation else "")))
     lines = [tables.render(rows)]
     lines += [f"{c.name}: the second model synced by {c.sync_path}" for c in report.configurations if c.sync_path]
     stand_ins = sorted({s for c in report.configurations for s in c.stand_ins})

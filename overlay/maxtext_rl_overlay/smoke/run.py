@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import proc
@@ -32,14 +33,28 @@ CONFIGURATIONS = {
 }
 
 
+#: What a broken install shows first, imported each alone in a fresh process
+#: before any work: the reference's torch and transformers, and jax.
+PROBED = ("jax", "torch", "transformers")
+#: What libtpu says when another process holds the chips.
+TPU_HELD = ("already in use", "Device or resource busy")
+#: One engine process's bound, start and generates (the CLI's default too).
+DEFAULT_TIMEOUT = 900.0
+
+
 class CannotRun(OverlayError):
     """This machine cannot run the smoke (exit status 3): the message says why."""
+
+
+class BrokenStack(OverlayError):
+    """The installed stack is broken (exit status 1, a failed check): a
+    package smoke needs fails to import. The message names it and its error."""
 
 
 @dataclasses.dataclass(frozen=True)
 class SmokeOptions:
     cpu_simulation: bool = False
-    timeout: float = 900.0  # one engine process: start and every generate
+    timeout: float = DEFAULT_TIMEOUT  # one engine process: start and every generate
     python: str = sys.executable
 
 
@@ -53,12 +68,15 @@ class Configuration:
     stand_ins: list[str] = dataclasses.field(default_factory=list)
     sync_path: str = ""  # the code that synced the second model, in words
     compiles: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # step -> (programs, seconds)
+    # What the checks compared, kept in the JSON: a failed check can be read again without a rerun.
+    evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
 class SmokeReport:
     cpu_simulation: bool
     configurations: list[Configuration]
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)  # configuration -> why it cannot run here
 
     @property
     def failed(self) -> list[str]:
@@ -71,6 +89,7 @@ class SmokeReport:
             "ok": not self.failed,
             "failed": self.failed,
             "configurations": [dataclasses.asdict(c) for c in self.configurations],
+            "skipped": self.skipped,
         }
 
 
@@ -82,26 +101,29 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
             "CPU torch for the reference); install the overlay's closure: uv pip install -c constraints.txt "
             "maxtext-rl-overlay transformers."
         )
-    if not opts.cpu_simulation:
-        backend = _backend(opts.python)
-        if backend != "tpu":
-            raise CannotRun(
-                f"no TPU here (jax's backend is {backend}): smoke qualifies a TPU VM. --cpu-simulation runs the same checks on 8 CPU devices ({NOTICE})."
-            )
+    backend = _probe(opts.python, ask_backend=not opts.cpu_simulation)
+    if not opts.cpu_simulation and backend != "tpu":
+        raise CannotRun(
+            f"no TPU here (jax's backend is {backend}): smoke qualifies a TPU VM. --cpu-simulation runs the same checks on 8 CPU devices ({NOTICE})."
+        )
     report = SmokeReport(opts.cpu_simulation, [])
     with tempfile.TemporaryDirectory(prefix="mrl-smoke-") as tmp:
         work = pathlib.Path(tmp)
         # MaxText's models and references are made on the host CPU while the
         # Llama's engine holds the chips: off the critical path.
         maxtext = _MaxTextReference(opts, work) if importlib.util.find_spec("maxtext") is not None else None
+        if maxtext is None:
+            report.skipped[engine.MAXTEXT] = "maxtext not installed"
         try:
             with step("smoke", "making two tiny Llamas here (the engine's, the one synced into it) and transformers' greedy reference on each"):
-                first, second = (tiny_llama.write_checkpoint(work / f"tiny-llama-{seed}", seed) for seed in tiny_llama.SEEDS)
+                first = tiny_llama.write_checkpoint(work / "tiny-llama-first", tiny_llama.SEEDS[0])
+                second = tiny_llama.write_checkpoint(work / "tiny-llama-second", tiny_llama.SEEDS[1], tiny_llama.CONSTANTS_SPREAD)
                 first_reference, second_reference = (
                     tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
                 )
             report.configurations.append(
-                _configuration(opts, engine.LLAMA, work, (first, first_reference), (second, second_reference), "transformers")
+                _configuration(opts, engine.LLAMA, work, (first, first_reference), (second, second_reference), "transformers",
+                               lambda rows: tiny_llama.reference_logits(first, checks.SAMPLED_PROMPT, rows))
             )
             if maxtext is not None:
                 report.configurations.append(_maxtext_configuration(opts, work, maxtext))
@@ -115,7 +137,8 @@ class _MaxTextReference:
     """MaxText's tiny qwen3, the second one (train_rl's actor) and MaxText's
     own greedy decoding of each (maxtext_model.py), made in a process of its
     own on the host CPU (it needs no chip), started at once and read when
-    MaxText's configuration comes."""
+    MaxText's configuration comes; the same process then gives MaxText's
+    logits at the engine's sampled draws (`logits`)."""
 
     NAME = engine.MAXTEXT
 
@@ -123,20 +146,42 @@ class _MaxTextReference:
         self.folder, self.log = work / "tiny-maxtext", work / "maxtext-reference.log"
         self.began = time.monotonic()
         step.note("smoke", f"{self.NAME}: making MaxText's tiny qwen3s and MaxText's own greedy references on the host CPU, in the background")
-        self.child = proc.start([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder)],
+        # It waits for the sampled rows for at most every engine's timeout, and not past smoke.
+        waits = opts.timeout * (len(CONFIGURATIONS) + 1)
+        self.child = proc.start([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder), str(waits)],
                                 what=f"{self.NAME}: making MaxText's references", output=self.log)
 
     def wait(self, timeout: float) -> str | None:
-        """None once the references are made, else what went wrong."""
+        """None once both references are written, else what went wrong."""
+        done = self.folder / maxtext_model.SECOND / "reference.json"
+        while not done.is_file():
+            if self.child.poll() is not None:
+                return self._failed("MaxText's reference")
+            if time.monotonic() - self.began > timeout:
+                self.stop()
+                return f"MaxText's reference took over {timeout:.0f} s"
+            time.sleep(0.5)
+        return None
+
+    def logits(self, prompt: list[int], rows: list[list[int]], timeout: float) -> list[list[list[float]]] | str:
+        """MaxText's logits at each drawn position of `rows` (drawn after
+        `prompt` by the engine from the first model), or what went wrong."""
+        maxtext_model.write_json(self.folder / maxtext_model.ROWS_FILE, {"prompt": prompt, "rows": rows})
         try:
-            status = self.child.wait(timeout=max(1.0, timeout - (time.monotonic() - self.began)))
+            status = self.child.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.stop()
-            return f"MaxText's reference took over {timeout:.0f} s"
-        if status != 0 or not (self.folder / maxtext_model.SECOND / "reference.json").is_file():
-            tail = (self.log.read_text(errors="replace").strip().splitlines() or [f"exit status {status}"])[-1]
-            return f"MaxText's reference failed: {tail}"
-        return None
+            return f"MaxText's forward of the sampled rows took over {timeout:.0f} s"
+        answer = self.folder / maxtext_model.LOGITS_FILE
+        if status != 0 or not answer.is_file():
+            return self._failed("MaxText's forward of the sampled rows")
+        logits: list[list[list[float]]] = json.loads(answer.read_text())
+        return logits
+
+    def _failed(self, what: str) -> str:
+        status = self.child.poll()
+        tail = (self.log.read_text(errors="replace").strip().splitlines() or [f"exit status {status}"])[-1]
+        return f"{what} failed: {tail}"
 
     def stop(self) -> None:
         if self.child.poll() is None:  # (a reaped child's number may be another's by now)
@@ -152,22 +197,56 @@ def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path, maxtext: _Max
         return Configuration(name, checks=[Check("reference made", False, failed)])
     second = folder / maxtext_model.SECOND
     first, synced = ((where, json.loads((where / "reference.json").read_text())) for where in (folder, second))
-    return _configuration(opts, name, work, first, synced, "MaxText's own forward")
+    return _configuration(opts, name, work, first, synced, "MaxText's own forward",
+                          lambda rows: maxtext.logits(checks.SAMPLED_PROMPT, rows, opts.timeout))
 
 
-def _backend(python: str) -> str:
-    """jax's default backend, asked in a fresh process (jax picks it once)."""
-    done = proc.run([python, "-c", "import jax; print(jax.default_backend())"], check=False, timeout=300, what="asking jax which backend it has")
+_PROBE = """
+import json, sys
+errors, backend = {}, None
+for name in sys.argv[2:]:
+    try:
+        __import__(name)
+    except BaseException as error:  # what a broken package raises is not ours to choose
+        errors[name] = f"{type(error).__name__}: {error}".strip().splitlines()[0][:300]
+if "jax" not in errors and sys.argv[1] == "1":
+    import jax
+    backend = jax.default_backend()
+print(json.dumps({"errors": errors, "backend": backend}))
+"""
+
+
+def _probe(python: str, ask_backend: bool) -> str | None:
+    """Imports each of PROBED in a fresh process (jax picks its backend once,
+    and a package that fails to import must be named, not mistaken for a
+    missing TPU); returns jax's backend when asked. Raises BrokenStack for a
+    package that fails to import, CannotRun where another process holds the TPU."""
+    done = proc.run([python, "-c", _PROBE, "1" if ask_backend else "0", *PROBED], check=False, timeout=300,
+                    what="importing jax, torch and transformers in a fresh process")
     lines = done.stdout.strip().splitlines()
-    return lines[-1] if done.returncode == 0 and lines else f"none (jax failed: {(done.stderr.strip().splitlines() or ['?'])[-1]})"
+    try:
+        answer = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise BrokenStack(f"importing {', '.join(PROBED)} killed the process: {said}") from None
+    if answer["errors"]:
+        raise BrokenStack("; ".join(f"{name} fails to import: {error}" for name, error in answer["errors"].items()))
+    held = [line.strip() for line in done.stderr.splitlines() if any(sign in line for sign in TPU_HELD)]
+    if ask_backend and answer["backend"] != "tpu" and held:
+        raise CannotRun(f"the TPU is held by another process, so jax could not open it: {held[0][:300]}. Stop that process, then run smoke again.")
+    backend: str | None = answer["backend"]
+    return backend
 
 
 Model = tuple[pathlib.Path, list[dict[str, Any]]]  # a checkpoint and its greedy reference
+#: The reference's logits at each drawn position of the sampled rows (or what went wrong).
+Scorer = Callable[[list[list[int]]], "list[list[list[float]]] | str"]
 
 
-def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, first: Model, second: Model, by: str) -> Configuration:
+def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, first: Model, second: Model, by: str, score: Scorer) -> Configuration:
     """The engine started on `first`, its generates checked against `first`'s
-    reference; then `second` synced into it and checked against its own."""
+    reference (`score` gives the reference's logits at the sampled draws);
+    then `second` synced into it and checked against its own."""
     (checkpoint, reference), (second_checkpoint, second_reference) = first, second
     config = Configuration(name)
     request = work / f"{name}.request.json"
@@ -205,15 +284,18 @@ def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, first: Mod
     if "stopped" in result and not {"greedy", "sampled"} <= generated:
         config.checks.append(Check("engine ran", False, f"stopped in {result['step']}: {result['stopped']}"))
         return config
+    config.evidence = {"engine": result["generates"], "reference": reference, "second_reference": second_reference}
     config.checks.append(Check("engine ran", True, f"mesh {config.mesh}"))
     config.checks += checks.greedy(result["generates"]["greedy"], reference, result["platform"], by)
     config.sync_path = result.get("sync_path", "")
-    rows = result["generates"]["sampled"]
-    ranks = None
-    if by == "transformers":  # transformers ranks on the CPU, beside the engine; MaxText's forward would need the chips
-        with step("smoke", f"{name}: ranking the sampled tokens with transformers"):
-            ranks = tiny_llama.reference_ranks(checkpoint, checks.SAMPLED_PROMPT, [r["tokens"] for r in rows])
-    config.checks += checks.sampled(rows, ranks)
+    greedy_rows, rows = checks.split_sampled(result["generates"]["sampled"])
+    config.checks += checks.greedy(greedy_rows, reference, result["platform"], by, what="sampled batch's greedy")
+    with step("smoke", f"{name}: {by} at each sampled draw"):
+        logits = score([r["tokens"] for r in rows])
+    if isinstance(logits, str):
+        config.checks += [*checks.sampled(rows, None, result["platform"], by), Check("sampled reference", False, logits)]
+    else:
+        config.checks += checks.sampled(rows, logits, result["platform"], by)
     if "stopped" in result:  # in the sync, or in the generate after it
         config.checks.append(Check("weight sync", False, f"stopped in {result['step']}: {result['stopped']}"))
         return config

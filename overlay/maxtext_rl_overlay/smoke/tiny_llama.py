@@ -35,22 +35,37 @@ CONFIG = {
     "initializer_range": 0.2,
 }
 SEED = 0
-#: smoke's two models: the engine starts on the first, the second is synced
-#: into it. Seeded for their greedy margins: over the 16 reference tokens the
-#: best two logprobs are at least 0.07 apart (seed 0's come within 0.02), beyond
-#: what a TPU's float32 matmuls at default precision move them.
-SEEDS = (3, 5)
+#: smoke's two models: the engine starts on the first, the second (its norms
+#: drawn: CONSTANTS_SPREAD) is synced into it. Seeded for their greedy margins:
+#: over the 16 reference tokens the best two logprobs are at least 0.07 apart
+#: (0.078 and 0.159; seed 0's come within 0.02), beyond what a TPU's float32
+#: matmuls at default precision move them.
+SEEDS = (3, 8)
 #: The prompts the reference comparison generates from (token ids; no tokenizer).
 REFERENCE_PROMPTS = [[1, 5, 7, 9, 11, 13], [1, 900, 31, 415, 77, 260, 8, 512, 1000, 3, 64]]
 REFERENCE_TOKENS = 8
 
 
-def write_checkpoint(path: pathlib.Path, seed: int = SEED) -> pathlib.Path:
+#: The second model's parameters that transformers initialises to a constant
+#: (every RMSNorm weight is ones) are drawn around it instead, with this
+#: spread: the second model then differs from the first in every parameter,
+#: so a sync that leaves any of them stale decodes apart from its reference.
+CONSTANTS_SPREAD = 0.3
+
+
+def write_checkpoint(path: pathlib.Path, seed: int = SEED, constants_spread: float = 0.0) -> pathlib.Path:
+    """The tiny Llama of `seed`; with `constants_spread`, every parameter
+    initialised to one value (the norms) is that value times 1 + spread * N(0, 1)."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG, torch_dtype="float32")).eval()
+    if constants_spread:
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.numel() > 1 and bool((parameter == parameter.flatten()[0]).all()):
+                    parameter.mul_(1 + constants_spread * torch.randn_like(parameter))
     model.save_pretrained(path, safe_serialization=True)
     return path
 
@@ -81,18 +96,17 @@ def reference_greedy(path: pathlib.Path, prompts: list[list[int]], max_tokens: i
     return out
 
 
-def reference_ranks(path: pathlib.Path, prompt: list[int], rows: list[list[int]]) -> list[list[int]]:
-    """For each row of tokens generated after `prompt`, each token's rank in
-    transformers' next-token distribution at its position (0: the most
-    likely); a draw that follows top-k has every rank below k."""
+def reference_logits(path: pathlib.Path, prompt: list[int], rows: list[list[int]]) -> list[list[list[float]]]:
+    """For each row of tokens generated after `prompt`, transformers' logits
+    (float32) at each drawn position: the next-token scores the row's draws
+    were made from, before temperature, top-k and top-p."""
     import torch
     import transformers
 
     model = transformers.LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
-    ranks = []
+    out = []
     for tokens in rows:
         with torch.no_grad():
             logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-        chosen = logits[torch.arange(len(tokens)), torch.tensor(tokens)]
-        ranks.append((logits > chosen[:, None]).sum(dim=-1).tolist())
-    return ranks
+        out.append(logits.float().tolist())
+    return out

@@ -113,7 +113,7 @@ def maxtext_model(tmp_path_factory):
                     "(MaxTextForCausalLM, NEW_MODEL_DESIGN=1) in the engine and compared its tokens with MaxText's own forward")
     folder = tmp_path_factory.mktemp("tiny-maxtext")
     model, mesh, config = maxtext_models.write_engine_checkpoint(folder)
-    reference = maxtext_models.reference_greedy(model, mesh, config, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
+    reference = maxtext_models.reference_greedy(maxtext_models.Forward(model, mesh, config), tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
     return folder, reference
 
 

@@ -34,6 +34,7 @@ from maxtext_rl_overlay.smoke.maxtext_model import (  # noqa: F401 - re-exported
     ENGINE_HF_DIMS,
     ENGINE_MODEL_NAME,
     ENGINE_PARAMS,
+    Forward,
     engine_additional_config,
     reference_greedy,
     write_engine_checkpoint,
