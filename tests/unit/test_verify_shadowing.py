@@ -171,3 +171,13 @@ def test_check_asks_it_too(installed):
     doc, python, _ = installed
     findings = verify.check(doc, python=python)
     assert "import tunix.generate.utils resolves to" in {f.what for f in findings}
+
+
+def test_files_only_leaves_out_the_closure_not_the_resolution(installed):
+    """verify --files-only (an image over a base whose closure is checked
+    otherwise) still asks where the modules resolve; only torch is left out."""
+    doc, python, _ = installed
+    assert "torch" in {f.distribution for f in verify.check(doc, python=python)}
+    files_only = verify.check(doc, python=python, environment=False)
+    assert "torch" not in {f.distribution for f in files_only}
+    assert all(f.ok for f in files_only if f.what.endswith(" resolves to"))
