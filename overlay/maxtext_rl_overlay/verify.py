@@ -138,7 +138,7 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
 # version, relpath]], "versions": {dist: version}, "packages": {dist: import
 # package}}. Only the overlay's own build (its version) counts as installed.
 _RESOLVER = r"""
-import importlib.metadata as md, json, os, re, site, sys
+import importlib.metadata as md, json, os, re, site, sys, types
 asked = json.loads(sys.argv[1])
 
 def canon(name):
@@ -166,6 +166,12 @@ def resolve(module):
         if spec is None:
             return "not found"
         path = spec.submodule_search_locations
+        if path is not None and name not in sys.modules:
+            # An inert stand-in for the package, never executed: the path
+            # finder reads a namespace package's parent from sys.modules.
+            placeholder = types.ModuleType(name)
+            placeholder.__path__, placeholder.__spec__ = path, spec
+            sys.modules[name] = placeholder
     if spec.origin in (None, "namespace"):
         return "a namespace package: " + ", ".join(spec.submodule_search_locations or ())
     return os.path.realpath(spec.origin)

@@ -19,6 +19,9 @@ from unit.unit_support import UV, installable_wheel, uv_offline_env
 VERSION = "0.1.8+mrl.2"
 PATCHED = "tunix/generate/utils.py"
 OURS = b"# the overlay's patched file\n"
+#: A patched module in a folder without __init__.py (a namespace package, as
+#: some of tpu-inference's are): its parent is never imported to find it.
+NAMESPACED = "tunix/kernels/ops.py"
 
 
 def _doc(files: dict[str, str]) -> manifest.Manifest:
@@ -44,7 +47,7 @@ def installed(tmp_path_factory):
     links = tmp / "links"
     links.mkdir()
     wheel = installable_wheel(links, "google-tunix", VERSION, package={
-        "tunix/__init__.py": b"", "tunix/generate/__init__.py": b"", PATCHED: OURS})
+        "tunix/__init__.py": b"", "tunix/generate/__init__.py": b"", PATCHED: OURS, NAMESPACED: OURS})
     env = uv_offline_env(tmp)
     venv = tmp / "venv"
     subprocess.run([UV, "venv", "--quiet", "-p", sys.executable, str(venv)], check=True, env=env)
@@ -53,7 +56,7 @@ def installed(tmp_path_factory):
     site = pathlib.Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                        capture_output=True, text=True, check=True).stdout.strip())
     assert (site / PATCHED).read_bytes() == OURS
-    return _doc({PATCHED: hashlib.sha256(OURS).hexdigest()}), str(python), site
+    return _doc({PATCHED: hashlib.sha256(OURS).hexdigest(), NAMESPACED: hashlib.sha256(OURS).hexdigest()}), str(python), site
 
 
 def _older_copy(folder: pathlib.Path) -> pathlib.Path:
@@ -73,6 +76,7 @@ def test_a_clean_install_resolves_to_its_own_files(installed, tmp_path, monkeypa
     assert {(f.what, f.found) for f in findings} == {
         ("import tunix resolves to", str(site / "tunix" / "__init__.py")),
         ("import tunix.generate.utils resolves to", str(site / PATCHED)),
+        ("import tunix.kernels.ops resolves to", str(site / NAMESPACED)),
     }
     assert all(f.ok for f in findings)
     assert verify.explain(findings, doc) == []
@@ -96,12 +100,13 @@ def test_an_older_copy_first_on_the_path_shadows_the_installed_module(installed,
     finally:
         pth.unlink(missing_ok=True)
     bad = {f.what: f for f in findings if not f.ok}
-    assert set(bad) == {"import tunix resolves to", "import tunix.generate.utils resolves to"}
+    assert set(bad) == {"import tunix resolves to", "import tunix.generate.utils resolves to", "import tunix.kernels.ops resolves to"}
+    assert bad["import tunix.kernels.ops resolves to"].found.startswith("not found"), "the older tunix has no kernels/"
     utils = bad["import tunix.generate.utils resolves to"]
     assert utils.expected == str(site / PATCHED)
     assert utils.found == f"{copy / PATCHED} ({verify.SHADOWED})"
     (line,) = verify.explain(findings, doc)
-    assert "A plain import does not reach the overlay's files: tunix, tunix.generate.utils resolve elsewhere" in line
+    assert "A plain import does not reach the overlay's files: tunix, tunix.generate.utils, tunix.kernels.ops resolve elsewhere" in line
     assert f"(tunix: {copy / 'tunix' / '__init__.py'}, not {site / 'tunix' / '__init__.py'})" in line
     assert "PYTHONPATH" in line and "remove that copy or that entry" in line
 
