@@ -190,6 +190,8 @@ def test_the_overlay_image_over_the_standin_passes_verify_inside(bases, release,
                          env=engine_env, check=False)
         assert inside.returncode == 0, inside.stdout + inside.stderr
         assert "verify: yes" in inside.stdout
+        _say(f"podman run --rm localhost/mrl-overlay@{digest} maxtext-rl-overlay verify --files-only: "
+             + inside.stdout.strip().splitlines()[-1])
         assert re.search(r"import tunix\.generate\.utils resolves to .*site-packages/tunix/generate/utils\.py .* ok", inside.stdout)
         labels = json.loads(_podman("image", "inspect", "--format", "{{json .Labels}}", tag, env=engine_env).stdout)
         constraints = (release / "constraints.txt").read_bytes()
@@ -212,4 +214,7 @@ def test_a_base_whose_unpatched_copy_shadows_ours_fails_at_the_verify_gate(bases
     assert "RUN maxtext-rl-overlay verify" in done.stderr and "verify: NO" in done.stderr
     assert re.search(r"import tunix\.generate\.utils resolves to .*/deps/src/tunix/generate/utils\.py \(SHADOWS", done.stderr), done.stderr[-5000:]
     assert "A plain import does not reach the overlay's files: tunix" in done.stderr
+    for line in done.stderr.splitlines():
+        if "SHADOWS" in line or line.startswith(("verify: NO", "Error: building")) or "A plain import" in line:
+            _say("shadowed base: " + " ".join(line.split()))
     assert done.stderr.rstrip().endswith("build-image.sh: the build failed (the output above says where; a failed verify gate lists what differs)")
