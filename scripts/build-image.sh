@@ -61,7 +61,7 @@ if [[ "$release" =~ ^https?:// ]]; then
     [ -n "$name" ] || continue
     curl -fsSL "$url/$name" -o "$context/release/$name" || cannot "cannot download $url/$name"
   done < "$context/release/SHA256SUMS"
-  (cd "$context/release" && sha256sum -c --quiet SHA256SUMS) || cannot "the files downloaded from $url do not match its SHA256SUMS"
+  (cd "$context/release" && sha256sum -c --quiet SHA256SUMS >&2) || cannot "the files downloaded from $url do not match its SHA256SUMS"
   # A stand-in release's overrides file, where it has one.
   curl -fsSL "$url/torch-standin-overrides.txt" -o "$context/release/torch-standin-overrides.txt" 2>/dev/null \
     || rm -f "$context/release/torch-standin-overrides.txt"

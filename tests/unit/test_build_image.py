@@ -16,7 +16,7 @@ import zipfile
 
 import pytest
 
-from unit.unit_support import ROOT
+from unit.unit_support import ROOT, served
 
 SCRIPT = ROOT / "scripts" / "build-image.sh"
 CONTAINERFILE = ROOT / "image" / "Containerfile"
@@ -31,7 +31,9 @@ log=$(dirname "$0")/calls.jsonl
 python3 - "$@" >>"$log" <<'PY'
 import json, os, sys
 conf = os.environ.get("CONTAINERS_CONF")
-print(json.dumps({"argv": sys.argv[1:], "conf": conf, "conf_text": open(conf).read() if conf else None}))
+release = os.path.join(sys.argv[-1], "release")
+print(json.dumps({"argv": sys.argv[1:], "conf": conf, "conf_text": open(conf).read() if conf else None,
+                  "release": sorted(os.listdir(release)) if sys.argv[1] == "build" else None}))
 PY
 case "$1" in
   build) while [ $# -gt 0 ]; do [ "$1" = --iidfile ] && echo "sha256:$(printf 1%.0s {1..64})" > "$2"; shift; done ;;
@@ -46,7 +48,7 @@ def _bin(tmp_path: pathlib.Path, engine: str | None) -> pathlib.Path:
     folder = tmp_path / "bin"
     folder.mkdir()
     for tool in ("bash", "dirname", "sed", "mktemp", "rm", "mkdir", "cp", "ls", "head", "basename", "cut", "sha256sum",
-                 "python3", "cat", "printf", "env"):
+                 "python3", "cat", "printf", "env", "curl"):
         found = shutil.which(tool)
         assert found, tool
         (folder / tool).symlink_to(found)
@@ -165,3 +167,31 @@ def test_the_containerfile_refuses_what_the_script_refuses():
     assert {"org.opencontainers.image.base.digest", "org.opencontainers.image.version", "org.opencontainers.image.revision",
             "maxtext-rl-overlay.constraints.sha256"} <= labels
     assert os.access(SCRIPT, os.X_OK)
+
+
+def _sums(release: pathlib.Path) -> None:
+    (release / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n"
+                                                for w in sorted(release.glob("*.whl"))))
+
+
+def test_a_release_url_is_downloaded_and_checked_against_its_sha256sums(tmp_path):
+    release = _release(tmp_path)
+    _sums(release)
+    with served(release) as url:
+        done = _run(tmp_path, "--base", f"m@{DIGEST}", "--release", f"{url}/")
+    assert done.returncode == 0, done.stderr
+    build = _calls(tmp_path)[0]
+    assert build["release"] == sorted(["constraints.txt", "SHA256SUMS", *(w.name for w in release.glob("*.whl"))])
+    assert f"OVERLAY_VERSION={VERSION}" in build["argv"] and f"PROJECT_COMMIT={COMMIT}" in build["argv"]
+
+
+def test_a_release_url_whose_files_do_not_match_its_sha256sums_exits_3(tmp_path):
+    release = _release(tmp_path)
+    _sums(release)
+    (release / "google_tunix-0.1.8+mrl.3-py3-none-any.whl").write_bytes(b"another wheel")
+    with served(release) as url:
+        done = _run(tmp_path, "--base", f"m@{DIGEST}", "--release", url)
+    assert done.returncode == 3 and done.stdout == "", "stdout is the digest's alone"
+    assert "google_tunix-0.1.8+mrl.3-py3-none-any.whl: FAILED" in done.stderr
+    assert done.stderr.splitlines()[-1] == f"build-image.sh: the files downloaded from {url} do not match its SHA256SUMS"
+    assert _calls(tmp_path) == [], "nothing was built"
