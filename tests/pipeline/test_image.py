@@ -97,12 +97,21 @@ def engine_env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def release(request, tmp_path_factory) -> pathlib.Path:
+    """A copy of the release whose constraints name the URL it would be
+    published at (a build with --base-url), which serves nothing: the image
+    installs the release's own wheels all the same."""
     given = os.environ.get("MRL_IMAGE_RELEASE")
     if given:
-        return pathlib.Path(given)
-    out, proc = request.getfixturevalue("built")
-    assert proc.returncode == 0, proc.stderr
-    return out
+        out = pathlib.Path(given)
+    else:
+        out, proc = request.getfixturevalue("built")
+        assert proc.returncode == 0, proc.stderr
+    copy = tmp_path_factory.mktemp("release") / "dist"
+    shutil.copytree(out, copy)
+    text = (copy / "constraints.txt").read_text()
+    assert "\n--find-links .\n" in text
+    (copy / "constraints.txt").write_text(text.replace("\n--find-links .\n", "\n--find-links https://example.invalid/overlay/v0.1.0/\n", 1))
+    return copy
 
 
 def _unpatched_wheels(standin: dict[str, pathlib.Path], dest: pathlib.Path) -> None:
