@@ -10,6 +10,8 @@
 #               replace: only the release's wheels, --no-deps (a base that holds it)
 #   --offline   the install uses no network (uv --offline; docker: --network none too;
 #               podman's chroot isolation has only the host's network)
+#   --verify-args  extra arguments of the verify gate (e.g. --files-only over a
+#               base that lacks the closure: a stand-in)
 # podman or docker, whichever is on PATH (podman first). Exit status: 0 built;
 # 1 the build failed (the verify gate says why); 2 usage; 3 cannot build here
 # (no podman or docker, a base not pinned by digest, a release without
@@ -18,7 +20,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 me=build-image.sh
 
-usage() { sed -n '4,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# This header, from its second line to the first line that is not a comment.
+header() { awk 'NR > 1 { if (!/^#/) exit; sub(/^# ?/, ""); print }' "$0"; }
+usage() { header >&2; exit 2; }
 cannot() { echo "$me: $*" >&2; exit 3; }
 
 base= release= tag= install=closure verify_args= offline=
@@ -31,7 +35,7 @@ while [ $# -gt 0 ]; do
     --install) install=$2; shift 2 ;;
     --verify-args) verify_args=$2; shift 2 ;;
     --offline) offline=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) header; exit 0 ;;
     *) echo "$me: unknown argument: $1" >&2; usage ;;
   esac
 done

@@ -48,7 +48,7 @@ def _bin(tmp_path: pathlib.Path, engine: str | None) -> pathlib.Path:
     folder = tmp_path / "bin"
     folder.mkdir()
     for tool in ("bash", "dirname", "sed", "mktemp", "rm", "mkdir", "cp", "ls", "head", "basename", "cut", "sha256sum",
-                 "python3", "cat", "printf", "env", "curl"):
+                 "python3", "cat", "printf", "env", "curl", "awk"):
         found = shutil.which(tool)
         assert found, tool
         (folder / tool).symlink_to(found)
@@ -195,3 +195,11 @@ def test_a_release_url_whose_files_do_not_match_its_sha256sums_exits_3(tmp_path)
     assert "google_tunix-0.1.8+mrl.3-py3-none-any.whl: FAILED" in done.stderr
     assert done.stderr.splitlines()[-1] == f"build-image.sh: the files downloaded from {url} do not match its SHA256SUMS"
     assert _calls(tmp_path) == [], "nothing was built"
+
+
+def test_help_is_the_scripts_header_and_nothing_else(tmp_path):
+    done = _run(tmp_path, "--help")
+    assert done.returncode == 0 and done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("Build the overlay's image over a MaxText image") and lines[-1] == "constraints.txt)."
+    assert any(line.lstrip().startswith("--verify-args") for line in lines) and not any("set -e" in line for line in lines)
