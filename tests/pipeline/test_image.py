@@ -187,6 +187,7 @@ def _build(base: str, release: pathlib.Path, tag: str) -> tuple[subprocess.Compl
 def test_the_overlay_image_over_the_standin_passes_verify_inside(bases, release, engine_env):
     clean, _ = bases
     tag = "localhost/mrl-overlay:test"
+    before = _image_ids(engine_env)
     cold, cold_s = _build(clean, release, tag)
     try:
         assert cold.returncode == 0, cold.stderr[-5000:]
@@ -214,11 +215,24 @@ def test_the_overlay_image_over_the_standin_passes_verify_inside(bases, release,
              f"(the overlay adds {(sizes[tag] - sizes[clean]) / 1e6:.1f} MB); build {cold_s:.0f} s cold, {warm_s:.0f} s warm")
     finally:
         _podman("rmi", "--force", tag, env=engine_env, check=False)
+        made = _image_ids(engine_env) - before
+        if made:
+            _podman("rmi", "--force", *made, env=engine_env, check=False)
 
 
-def test_a_base_whose_unpatched_copy_shadows_ours_fails_at_the_verify_gate(bases, release):
+def _image_ids(env: dict[str, str]) -> set[str]:
+    return set(_podman("images", "--all", "--quiet", "--no-trunc", env=env).stdout.split())
+
+
+def test_a_base_whose_unpatched_copy_shadows_ours_fails_at_the_verify_gate(bases, release, engine_env):
     _, shadowed = bases
-    done, _ = _build(shadowed, release, "localhost/mrl-overlay-shadowed:test")
+    before = _image_ids(engine_env)
+    try:
+        done, _ = _build(shadowed, release, "localhost/mrl-overlay-shadowed:test")
+    finally:  # the failed build's cached steps: this test's, and only those
+        made = _image_ids(engine_env) - before
+        if made:
+            _podman("rmi", "--force", *made, env=engine_env, check=False)
     assert done.returncode == 1, done.stderr[-5000:]
     assert "RUN maxtext-rl-overlay verify" in done.stderr and "verify: NO" in done.stderr
     assert re.search(r"import tunix\.generate\.utils resolves to .*/deps/src/tunix/generate/utils\.py \(SHADOWS", done.stderr), done.stderr[-5000:]
