@@ -7,6 +7,12 @@ does it work? Three questions, each a list of findings:
 3. imports: do the packages the overlay vouches for import, in a fresh
    process (a stack whose files are intact can still lack a dependency)?
 
+Within the first: does a plain `import` reach the installed files? An image
+can put an older copy first (a PYTHONPATH entry such as MaxText's
+/deps/src, the current directory, a .pth line) or leave a .pth / egg-link of
+its own install of an upstream behind. Where each module resolves is asked
+in a fresh interpreter of the same environment, without importing it.
+
 A distribution replaced by another build of the same upstream (what MaxText's
 install_tpu_post_train_extra_deps does: it installs the three upstreams from
 GitHub with --no-deps) is recognised and explained, with the command that
@@ -32,6 +38,8 @@ from .manifest import Manifest
 #: How long the import check may take (tpu_inference alone imports vLLM,
 #: torch and transformers: 25-35 s on a small machine).
 IMPORT_TIMEOUT = 900
+#: How long finding where the modules resolve may take (nothing is imported).
+RESOLVE_TIMEOUT = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +84,10 @@ def _replaced(want: str, found: str, dist: md.Distribution) -> str:
     return f"{found}: REPLACED by {same} build, not the overlay's{how}"
 
 
-def check(doc: Manifest | None = None, *, require_pinned: bool = False) -> list[Finding]:
+def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: str = sys.executable,
+          environment: bool = True) -> list[Finding]:
+    """The overlay's distributions, their patched files and where a plain
+    import finds them; and, with `environment`, the closure's torch."""
     doc = doc if doc is not None else manifest.load_installed()
     findings: list[Finding] = []
     for name, want in sorted(doc.distributions.items()):
@@ -111,8 +122,148 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False) -> list[
         installed = _version(name)
         found = NOT_BUILT + ("" if installed == "not installed" else f"; installed: {installed}, not an overlay build")
         findings.append(Finding(name, "built", "an overlay build", found, False))
-    findings += check_environment(doc, require_pinned=require_pinned)
+    findings += check_resolution(doc, python=python)
+    if environment:
+        findings += check_environment(doc, require_pinned=require_pinned)
     return findings
+
+
+# Run in a fresh interpreter of the environment verified (its site, its
+# PYTHONPATH, '' first as for `python -c`): for each module, the file the
+# overlay's distribution installed and the one a plain import resolves,
+# found through the import system's own finders without executing anything;
+# then every .pth and egg-link on the path that belongs to one of the
+# distributions (by its name or by what it adds) and is not a file of the
+# overlay's installed distribution. argv[1]: JSON {"modules": [[module, dist,
+# version, relpath]], "versions": {dist: version}, "packages": {dist: import
+# package}}. Only the overlay's own build (its version) counts as installed.
+_RESOLVER = r"""
+import importlib.metadata as md, json, os, re, site, sys, types
+asked = json.loads(sys.argv[1])
+
+def canon(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+def ours(dist, version):
+    for d in md.distributions(name=dist):
+        if d.version == version:
+            return d
+    return None
+
+def resolve(module):
+    spec, path = None, None
+    parts = module.split(".")
+    for i in range(len(parts)):
+        name = ".".join(parts[: i + 1])
+        loaded = sys.modules.get(name)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else None
+        if spec is None:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                spec = find(name, path) if find else None
+                if spec is not None:
+                    break
+        if spec is None:
+            return "not found"
+        path = spec.submodule_search_locations
+        if path is not None and name not in sys.modules:
+            # An inert stand-in for the package, never executed: the path
+            # finder reads a namespace package's parent from sys.modules.
+            placeholder = types.ModuleType(name)
+            placeholder.__path__, placeholder.__spec__ = path, spec
+            sys.modules[name] = placeholder
+    if spec.origin in (None, "namespace"):
+        return "a namespace package: " + ", ".join(spec.submodule_search_locations or ())
+    return os.path.realpath(spec.origin)
+
+out = {"modules": [], "leftovers": []}
+for module, dist, version, relpath in asked["modules"]:
+    d = ours(dist, version)
+    if d is not None:
+        out["modules"].append([module, os.path.realpath(str(d.locate_file(relpath))), resolve(module)])
+
+recorded = set()
+for dist, version in asked["versions"].items():
+    d = ours(dist, version)
+    for f in (d.files or ()) if d is not None else ():
+        recorded.add(os.path.realpath(str(d.locate_file(f))))
+folders = []
+for entry in [*site.getsitepackages(), site.getusersitepackages(), *sys.path]:
+    real = os.path.realpath(entry or ".")
+    if os.path.isdir(real) and real not in folders:
+        folders.append(real)
+packages = asked["packages"]
+for folder in folders:
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith((".pth", ".egg-link")):
+            continue
+        path = os.path.join(folder, name)
+        if path in recorded or not os.path.isfile(path):
+            continue
+        try:
+            lines = [l.strip() for l in open(path, encoding="utf-8", errors="replace")]
+        except OSError:
+            continue
+        stem = name[: -len(".egg-link")] if name.endswith(".egg-link") else name[: -len(".pth")]
+        stem = stem.removeprefix("__editable__.").split("-")[0]
+        for dist, package in packages.items():
+            by_name = canon(stem) == canon(dist)
+            adds = [l for l in lines if l and not l.startswith(("#", "import ", "import	"))
+                    and (os.path.isdir(os.path.join(folder, l, package)) or os.path.isfile(os.path.join(folder, l, package + ".py")))]
+            hooks = [l for l in lines if l.startswith(("import ", "import	")) and re.search(
+                r"(__editable___" + re.escape(dist.replace("-", "_")) + r"_|" + re.escape(package) + r")", l)]
+            if by_name or adds or hooks:
+                what = "adds " + os.path.realpath(os.path.join(folder, adds[0])) if adds else "runs " + hooks[0] if hooks else "names " + dist
+                out["leftovers"].append([dist, path, what])
+print(json.dumps(out))
+"""
+
+
+def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Finding]:
+    """Does a plain `import` of each module the overlay vouches for reach
+    the file its distribution installed, and is there no leftover .pth or
+    egg-link of another install of one of its distributions? Asked of
+    `python` in a fresh process, in this process's environment."""
+    modules: list[list[str]] = []
+    for name, want in sorted(doc.distributions.items()):
+        files = {want.import_package: f"{want.import_package}/__init__.py"}
+        for relpath in sorted(want.files):
+            if relpath.endswith(".py"):
+                files.setdefault(relpath[: -len(".py")].replace("/", ".").removesuffix(".__init__"), relpath)
+        modules += [[module, name, want.version, relpath] for module, relpath in files.items()]
+    asked = {
+        "modules": modules,
+        "versions": {name: d.version for name, d in doc.distributions.items()},
+        "packages": {name: d.import_package for name, d in doc.distributions.items()},
+    }
+    try:
+        result = proc.run([python, "-c", _RESOLVER, json.dumps(asked)], check=False, timeout=RESOLVE_TIMEOUT,
+                          env={"PYTHONWARNINGS": "ignore"}, what="finding where each module resolves, in a fresh process")
+    except OverlayError:  # it did not finish in time
+        result = None
+    try:
+        found = json.loads(result.stdout.strip().splitlines()[-1]) if result else None
+    except (ValueError, IndexError):  # it printed no answer
+        found = None
+    if result is None or not isinstance(found, dict):
+        tail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1] if result else f"timed out after {RESOLVE_TIMEOUT} s"
+        return [Finding(name, "resolution", "a plain import finds the installed files", f"could not be asked: {tail}", False)
+                for name in sorted(doc.distributions)]
+    findings = []
+    by_module = {m[0]: m[1] for m in modules}
+    for module, installed, resolved in found["modules"]:
+        ok = resolved == installed
+        findings.append(Finding(by_module[module], f"import {module} resolves to", installed,
+                                resolved if ok else f"{resolved} ({SHADOWED})", ok))
+    for dist, path, what in found["leftovers"]:
+        findings.append(Finding(dist, f"leftover {path}", "no .pth / egg-link of another install", f"{LEFTOVER}: {what}", False))
+    return findings
+
+
+#: What `check_resolution` says of a module a plain import finds elsewhere.
+SHADOWED = "SHADOWS the overlay's installed file"
+#: ... and of a .pth / egg-link of another install.
+LEFTOVER = "LEFTOVER of another install"
 
 
 #: What `check` finds for a distribution the release was built without.
@@ -236,7 +387,24 @@ def explain(findings: list[Finding], doc: Manifest) -> list[str]:
             "from it cannot have the overlay's fixes there. Install a release built with every distribution "
             "(scripts/build-wheels.sh without --only)."
         )
-    failed = [f for f in findings if f.what.startswith("import ") and not f.ok]
+    shadowed = [f for f in findings if SHADOWED in f.found]
+    if shadowed:
+        first = shadowed[0]
+        module = first.what.removeprefix("import ").removesuffix(" resolves to")
+        lines.append(
+            f"A plain import does not reach the overlay's files: {', '.join(f.what.split()[1] for f in shadowed)} "
+            f"resolve{'s' if len(shadowed) == 1 else ''} elsewhere ({module}: {first.found.split(' (')[0]}, not {first.expected}). "
+            "An older copy comes first on the path (a PYTHONPATH entry such as a base image's /deps/src, the current directory, "
+            "or a .pth line): remove that copy or that entry."
+        )
+    leftovers = [f for f in findings if f.found.startswith(LEFTOVER)]
+    if leftovers:
+        lines.append(
+            f"Another install of {', '.join(sorted({f.distribution for f in leftovers}))} left "
+            f"{', '.join(f.what.removeprefix('leftover ') for f in leftovers)} behind: delete "
+            f"{'it' if len(leftovers) == 1 else 'them'} (an editable or egg-link install the overlay's install did not remove)."
+        )
+    failed = [f for f in findings if f.what.startswith("import ") and not f.ok and not f.what.endswith(" resolves to")]
     if failed:
         lines.append(f"The stack does not import: {failed[0].what} failed with {failed[0].found}.")
     return lines

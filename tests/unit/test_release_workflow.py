@@ -79,11 +79,45 @@ def test_publishes_only_after_smoke_passed_on_the_tpu_runner_for_the_same_wheels
     (up,) = [s["with"] for s in jobs[build_job]["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
     (down,) = [s["with"] for s in jobs[name]["steps"] if s.get("uses", "").startswith("actions/download-artifact")]
     assert down == {"name": up["name"], "path": up["path"]}, "the same wheels the matrix tests and publish serves"
-    (kept,) = [s for s in jobs[name]["steps"] if s.get("uses", "").startswith("actions/upload-artifact")]
+    (kept,) = [s for s in jobs[name]["steps"] if s.get("uses", "").startswith("actions/upload-artifact")
+               and s["with"]["name"] == "smoke-release-tpu-v6e-8"]
     assert kept["with"]["path"] == smoke[smoke.index("--json") + 1] and kept["if"] == "always()"
     assert {build_job, "tpu-runner"} <= set(_needs(jobs[name])) and not jobs[name].get("if")
     (gate,) = _runs(jobs["tpu-runner"])
     assert "vars.MRL_TPU_RUNNER" in str(jobs["tpu-runner"]["steps"]) and "not published" in gate and "exit 1" in gate
+
+
+def test_the_image_is_built_over_maxtexts_image_by_digest_from_the_artifact_and_smoked_inside_before_publishing():
+    """The image users deploy: build-image.sh over MRL_MAXTEXT_IMAGE (checked
+    to be pinned by digest first, failing in words) from the same artifact
+    the wheel smoke used, on the TPU runner; then smoke inside that image (by
+    the digest the build printed), on the chips; publish needs the job. The
+    workflow never pushes an image."""
+    jobs = _doc()["jobs"]
+    (name,) = _jobs_running("scripts/build-image.sh")
+    assert name == "smoke-tpu" and name in _needs(jobs["publish"])
+    steps = jobs[name]["steps"]
+    image = _command(jobs[name], "scripts/build-image.sh")
+    assert image[image.index("--base") + 1] == "$MAXTEXT_IMAGE"
+    (down,) = [s["with"] for s in steps if s.get("uses", "").startswith("actions/download-artifact")]
+    assert image[image.index("--release") + 1] == down["path"], "the release's own artifact"
+    assert image[-2] == ">", "its stdout, the digest, kept for the run"
+    digest_file = image[-1]
+    (declared,) = [s for s in steps if "run" in s and "case" in s["run"] and "MAXTEXT_IMAGE" in s["run"]]
+    assert declared["env"] == {"MAXTEXT_IMAGE": "${{ vars.MRL_MAXTEXT_IMAGE }}"}
+    for value, status in (("", 1), ("gcr.io/p/tpu_post_training:latest", 1), ("gcr.io/p/tpu_post_training@sha256:" + "a" * 64, 0)):
+        done = subprocess.run(["bash", "-e", "-c", declared["run"]], env=dict(os.environ, MAXTEXT_IMAGE=value), capture_output=True, text=True)
+        assert done.returncode == status and (("not published" in done.stdout) == bool(status)), (value, done.stdout)
+    runs = [s.get("run", "") for s in steps]
+    order = [next(i for i, r in enumerate(runs) if r.startswith(k)) for k in ("scripts/smoke-wheels.sh", "scripts/build-image.sh", "docker run")]
+    assert order == sorted(order), "the wheels' smoke first, then the image's"
+    run = shlex.split(runs[order[2]])
+    assert f"$(cat {digest_file})" in run and run[run.index("$(cat " + digest_file + ")") + 1:][:2] == ["maxtext-rl-overlay", "smoke"]
+    assert "--cpu-simulation" not in run and "--privileged" in run
+    (kept,) = [s for s in steps if s.get("uses", "").startswith("actions/upload-artifact") and "image" in s["with"]["name"]]
+    assert kept["if"] == "always()" and digest_file in kept["with"]["path"] and "smoke-image.json" in kept["with"]["path"]
+    text = WORKFLOW.read_text()
+    assert not any(push in text for push in ("docker push", "podman push", "docker/login-action")), "pushing is never a side effect"
 
 
 def test_the_tpu_gate_fails_saying_so_without_a_declared_runner(tmp_path):
@@ -160,7 +194,7 @@ def test_publishes_only_after_the_matrix_succeeded():
 
 
 def test_scripts_it_calls_exist():
-    for script in ("build-wheels.sh", "test-matrix.sh", "publish-pages.sh", "setup.sh"):
+    for script in ("build-wheels.sh", "test-matrix.sh", "publish-pages.sh", "setup.sh", "build-image.sh"):
         assert (ROOT / "scripts" / script).is_file()
         assert f"scripts/{script}" in WORKFLOW.read_text()
     assert "--platform cpu|tpu" in (ROOT / "scripts" / "test-matrix.sh").read_text()

@@ -37,12 +37,15 @@ def fake_wheel(folder: pathlib.Path, name: str, version: str, requires_python: s
     return wheel
 
 
-def installable_wheel(folder: pathlib.Path, name: str, version: str, requires: tuple[str, ...] = ()) -> pathlib.Path:
-    """An installable wheel: a package, METADATA, WHEEL and RECORD."""
+def installable_wheel(folder: pathlib.Path, name: str, version: str, requires: tuple[str, ...] = (),
+                      package: dict[str, bytes] | None = None) -> pathlib.Path:
+    """An installable wheel: a package, METADATA, WHEEL and RECORD.
+    `package`: the wheel's files other than its metadata (by default an
+    empty `__init__.py` of the distribution's name)."""
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     files = {
-        f"{dist}/__init__.py": b"",
+        **(package if package is not None else {f"{dist}/__init__.py": b""}),
         f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
                              + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode(),
         f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",

@@ -1,0 +1,243 @@
+"""The image, built for real over a STAND-IN for MaxText's post-training
+image (no registry is reachable here, so no base can be pulled):
+
+- the stand-in: Debian bookworm minbase from Debian's packages (mmdebstrap),
+  this machine's CPython 3.12 copied at its own prefix, the upstreams' code
+  WITHOUT the overlay's series (built from the PyPI stand-in sdists) installed
+  into the system Python --no-deps as MaxText's install_post_train_extra_deps
+  does, and PYTHONPATH=/deps/src; labelled a stand-in; referenced by digest.
+  It carries no jax and no torch (the closure is 5+ GB), so the gate here is
+  `verify --files-only`: the overlay's distributions, their patched files,
+  where a plain import finds them and leftovers, not the closure's torch and
+  imports.
+- scripts/build-image.sh builds the overlay's image FROM it by digest, the
+  install offline (uv --offline: podman's chroot isolation has only the
+  host's network), and `verify` passes inside the container;
+- the same build over a base whose unpatched copy of tunix sits on
+  PYTHONPATH (/deps/src) fails at the verify gate, naming the module.
+
+The release is MRL_IMAGE_RELEASE (a scripts/build-wheels.sh dist/ made from
+this checkout) or the session's stand-in build. Sizes and times are printed
+(pytest -s) as "image: ..." lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+
+import pytest
+
+from support.pipeline import ROOT
+
+TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
+MISSING = [t for t in TOOLS if not shutil.which(t)]
+
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.slow,
+    pytest.mark.timeout(2400),
+    pytest.mark.skipif(
+        bool(MISSING) or os.geteuid() != 0,
+        reason=f"needs {', '.join(TOOLS)} and root (missing: {', '.join(MISSING) or 'root'}): would have built a stand-in "
+        "MaxText base (bookworm + CPython 3.12 + the unpatched upstreams, PYTHONPATH=/deps/src), the overlay's image FROM it "
+        "by digest with the install offline, run verify inside it, and seen the build over a base whose unpatched tunix "
+        "shadows ours on PYTHONPATH fail at the verify gate naming the module",
+    ),
+]
+
+STANDIN_LABEL = "maxtext-rl-overlay.stand-in"
+CONF = '[containers]\ndefault_ulimits = ["nofile=1024:20000", "nproc=4096:4096"]\n\n[engine]\nruntime = "runc"\n'
+PREFIX = pathlib.Path(sys.base_prefix)  # the tool venv's CPython 3.12: copied at its own prefix (its RUNPATH)
+LIBS = "libssl3,libsqlite3-0,libffi8,liblzma5,libbz2-1.0,libreadline8,libncursesw6,zlib1g,libuuid1"
+
+BASE = f"""\
+# A STAND-IN for MaxText's post-training image, made by the project's tests
+# (tests/pipeline/test_image.py): no registry is reachable here.
+FROM scratch
+ADD rootfs.tar /
+COPY python {PREFIX}
+ENV PATH={PREFIX}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+RUN --mount=type=bind,source=wheels,target=/w --mount=type=bind,source=uv,target=/uv \\
+    /uv pip install --python {PREFIX}/bin/python3 --break-system-packages --no-cache --offline --no-deps --no-index /w/*.whl
+RUN mkdir -p /deps/src
+WORKDIR /deps
+ENV PYTHONPATH=/deps/src
+LABEL {STANDIN_LABEL}="a STAND-IN for MaxText's post-training image: bookworm, CPython 3.12, the upstreams without the series"
+"""
+
+
+def _podman(*args: str, env: dict[str, str], check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, env=env, **kw)
+    if check:
+        assert done.returncode == 0, f"podman {' '.join(args)}: {done.stderr[-3000:]}"
+    return done
+
+
+def _say(line: str) -> None:
+    print(f"image: {line}", flush=True)
+
+
+@pytest.fixture(scope="module")
+def engine_env(tmp_path_factory):
+    """podman's settings for this test only (runc, explicit ulimits): the
+    machine's configuration is not touched."""
+    conf = tmp_path_factory.mktemp("podman") / "containers.conf"
+    conf.write_text(CONF)
+    return dict(os.environ, CONTAINERS_CONF=str(conf), BUILDAH_ISOLATION="chroot")
+
+
+@pytest.fixture(scope="module")
+def release(request, tmp_path_factory) -> pathlib.Path:
+    """A copy of the release whose constraints name the URL it would be
+    published at (a build with --base-url), which serves nothing: the image
+    installs the release's own wheels all the same."""
+    given = os.environ.get("MRL_IMAGE_RELEASE")
+    if given:
+        out = pathlib.Path(given)
+    else:
+        out, proc = request.getfixturevalue("built")
+        assert proc.returncode == 0, proc.stderr
+    copy = tmp_path_factory.mktemp("release") / "dist"
+    shutil.copytree(out, copy)
+    text = (copy / "constraints.txt").read_text()
+    assert "\n--find-links .\n" in text
+    (copy / "constraints.txt").write_text(text.replace("\n--find-links .\n", "\n--find-links https://example.invalid/overlay/v0.1.0/\n", 1))
+    return copy
+
+
+def _unpatched_wheels(standin: dict[str, pathlib.Path], dest: pathlib.Path) -> None:
+    """The upstreams without our series, as wheels (MaxText builds them from
+    GitHub; here from the PyPI stand-in sdists)."""
+    for name in ("google-tunix", "tpu-inference"):
+        env = dict(os.environ, UV_PYTHON_DOWNLOADS="never")
+        version = re.match(r".*-(\d[^-]*)\.tar\.gz$", standin[name].name)
+        if name == "tpu-inference" and version:
+            env["VLLM_VERSION_OVERRIDE"] = version.group(1)  # its setup.py takes its version from there
+        subprocess.run([str(pathlib.Path(sys.executable).parent / "uv"), "build", "--wheel", "--python", sys.executable,
+                        "-o", str(dest), str(standin[name])], check=True, capture_output=True, env=env)
+
+
+def _python_copy(dest: pathlib.Path) -> None:
+    skip = {"test", "idlelib", "tkinter", "ensurepip", "__pycache__"}
+    site = pathlib.Path(sysconfig.get_paths(vars={"base": str(PREFIX)})["purelib"])
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        here = pathlib.Path(folder)
+        return {n for n in names if n in skip or (here == site and n not in ("README.txt",))}
+
+    shutil.copytree(PREFIX, dest, symlinks=True, ignore=ignore)
+    # packaging, the tool's one dependency, as the closure would hold it.
+    tool_site = pathlib.Path(sysconfig.get_paths()["purelib"])
+    dest_site = dest / site.relative_to(PREFIX)
+    for entry in [tool_site / "packaging", *tool_site.glob("packaging-*.dist-info")]:
+        shutil.copytree(entry, dest_site / entry.name)
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory, engine_env, standin):
+    """(clean, shadowed): the stand-in base and the same with the pin's
+    unpatched tunix on PYTHONPATH, each by digest."""
+    ctx = tmp_path_factory.mktemp("standin-base")
+    start = time.monotonic()
+    subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", f"--include={LIBS}", "bookworm", str(ctx / "rootfs.tar")],
+                   check=True, capture_output=True)
+    _say(f"mmdebstrap bookworm minbase: {time.monotonic() - start:.0f} s, {(ctx / 'rootfs.tar').stat().st_size / 1e6:.0f} MB")
+    _python_copy(ctx / "python")
+    (ctx / "wheels").mkdir()
+    _unpatched_wheels(standin, ctx / "wheels")
+    shutil.copy2(pathlib.Path(sys.executable).parent / "uv", ctx / "uv")
+    (ctx / "Containerfile").write_text(BASE)
+    start = time.monotonic()
+    _podman("build", "--isolation", "chroot", "--tag", "localhost/mrl-standin-base:test", str(ctx), env=engine_env)
+    _say(f"stand-in base built in {time.monotonic() - start:.0f} s")
+    clean = "localhost/mrl-standin-base@" + _podman("image", "inspect", "--format", "{{.Digest}}", "localhost/mrl-standin-base:test",
+                                                  env=engine_env).stdout.strip()
+    # The shadowing base: the unpatched tunix of the base's own wheel, also in /deps/src.
+    shadow = tmp_path_factory.mktemp("shadowed-base")
+    (wheel,) = (ctx / "wheels").glob("google_tunix-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(shadow / "src", [n for n in zf.namelist() if n.startswith("tunix/")])
+    (shadow / "Containerfile").write_text(f"FROM {clean}\nCOPY src/ /deps/src/\n"
+                                          f'LABEL {STANDIN_LABEL}.shadowed="the unpatched tunix on PYTHONPATH (/deps/src)"\n')
+    _podman("build", "--isolation", "chroot", "--tag", "localhost/mrl-standin-shadowed:test", str(shadow), env=engine_env)
+    shadowed = "localhost/mrl-standin-shadowed@" + _podman("image", "inspect", "--format", "{{.Digest}}",
+                                                         "localhost/mrl-standin-shadowed:test", env=engine_env).stdout.strip()
+    yield clean, shadowed
+    _podman("rmi", "--force", "localhost/mrl-standin-shadowed:test", "localhost/mrl-standin-base:test", env=engine_env, check=False)
+
+
+def _build(base: str, release: pathlib.Path, tag: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    start = time.monotonic()
+    env = {k: v for k, v in os.environ.items() if k != "CONTAINERS_CONF"}  # the script's own configuration
+    done = subprocess.run([str(ROOT / "scripts" / "build-image.sh"), "--base", base, "--release", str(release), "--tag", tag,
+                           "--install", "replace", "--offline", "--verify-args", "--files-only"],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    return done, time.monotonic() - start
+
+
+def test_the_overlay_image_over_the_standin_passes_verify_inside(bases, release, engine_env):
+    clean, _ = bases
+    tag = "localhost/mrl-overlay:test"
+    before = _image_ids(engine_env)
+    cold, cold_s = _build(clean, release, tag)
+    try:
+        assert cold.returncode == 0, cold.stderr[-5000:]
+        assert "verify: yes" in cold.stderr and "--files-only" in cold.stderr
+        digest = cold.stdout.strip()
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), cold.stdout
+        warm, warm_s = _build(clean, release, tag)
+        assert warm.returncode == 0 and warm.stdout.strip() == digest, "the same inputs, the same image"
+        inside = _podman("run", "--rm", f"localhost/mrl-overlay@{digest}", "maxtext-rl-overlay", "verify", "--files-only",
+                         env=engine_env, check=False)
+        assert inside.returncode == 0, inside.stdout + inside.stderr
+        assert "verify: yes" in inside.stdout
+        _say(f"podman run --rm localhost/mrl-overlay@{digest} maxtext-rl-overlay verify --files-only: "
+             + inside.stdout.strip().splitlines()[-1])
+        assert re.search(r"import tunix\.generate\.utils resolves to .*site-packages/tunix/generate/utils\.py .* ok", inside.stdout)
+        labels = json.loads(_podman("image", "inspect", "--format", "{{json .Labels}}", tag, env=engine_env).stdout)
+        constraints = (release / "constraints.txt").read_bytes()
+        assert labels["org.opencontainers.image.base.digest"] == clean.split("@")[1]
+        assert labels["org.opencontainers.image.base.name"] == clean
+        assert labels["maxtext-rl-overlay.constraints.sha256"] == hashlib.sha256(constraints).hexdigest()
+        assert labels["org.opencontainers.image.version"].startswith("0.1.0+mrl.")
+        assert labels[STANDIN_LABEL].startswith("a STAND-IN"), "the base's stand-in label is inherited"
+        sizes = {ref: int(_podman("image", "inspect", "--format", "{{.Size}}", ref, env=engine_env).stdout) for ref in (clean, tag)}
+        _say(f"stand-in base {sizes[clean] / 1e6:.0f} MB; overlay image {sizes[tag] / 1e6:.0f} MB "
+             f"(the overlay adds {(sizes[tag] - sizes[clean]) / 1e6:.1f} MB); build {cold_s:.0f} s cold, {warm_s:.0f} s warm")
+    finally:
+        _podman("rmi", "--force", tag, env=engine_env, check=False)
+        made = _image_ids(engine_env) - before
+        if made:
+            _podman("rmi", "--force", *made, env=engine_env, check=False)
+
+
+def _image_ids(env: dict[str, str]) -> set[str]:
+    return set(_podman("images", "--all", "--quiet", "--no-trunc", env=env).stdout.split())
+
+
+def test_a_base_whose_unpatched_copy_shadows_ours_fails_at_the_verify_gate(bases, release, engine_env):
+    _, shadowed = bases
+    before = _image_ids(engine_env)
+    try:
+        done, _ = _build(shadowed, release, "localhost/mrl-overlay-shadowed:test")
+    finally:  # the failed build's cached steps: this test's, and only those
+        made = _image_ids(engine_env) - before
+        if made:
+            _podman("rmi", "--force", *made, env=engine_env, check=False)
+    assert done.returncode == 1, done.stderr[-5000:]
+    assert "RUN maxtext-rl-overlay verify" in done.stderr and "verify: NO" in done.stderr
+    assert re.search(r"import tunix\.generate\.utils resolves to .*/deps/src/tunix/generate/utils\.py \(SHADOWS", done.stderr), done.stderr[-5000:]
+    assert "A plain import does not reach the overlay's files: tunix" in done.stderr
+    for line in done.stderr.splitlines():
+        if "SHADOWS" in line or line.startswith(("verify: NO", "Error: building")) or "A plain import" in line:
+            _say("shadowed base: " + " ".join(line.split()))
+    assert done.stderr.rstrip().endswith("build-image.sh: the build failed (the output above says where; a failed verify gate lists what differs)")
