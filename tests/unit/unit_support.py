@@ -15,15 +15,31 @@ import http.server
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import threading
 import zipfile
 from collections.abc import Iterator
 
+from maxtext_rl_overlay import interrupts
+
 #: The checkout the fast tests test.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: The tool venv's uv (scripts/setup.sh installs it there).
 UV = shutil.which("uv") or str(pathlib.Path(sys.executable).parent / "uv")
+
+
+def default_signals() -> None:
+    """`preexec_fn` of a test that starts the tool and signals it: the
+    signals the tool stops on (`interrupts.SIGNALS`) at their defaults in the
+    child. A child inherits ignored signals, and a background job of a
+    non-interactive shell starts its children with SIGINT and SIGQUIT
+    ignored; the tool rightly keeps an ignored signal ignored, so without
+    this such a test would hang, or its build run on, depending on how the
+    suite was started. (Runs in the child, after the fork: it imports
+    nothing.)"""
+    for sig in interrupts.SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def fake_wheel(folder: pathlib.Path, name: str, version: str, requires_python: str | None = ">=3.12", extra: str = "") -> pathlib.Path:
