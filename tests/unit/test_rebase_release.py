@@ -17,10 +17,11 @@ import pytest
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
 from maxtext_rl_overlay.rebase.release import parse_deps
-from unit.test_rebase_stops import TPU, _commit, _git, _patch_of, _project
-from unit.unit_support import PackageIndex, maxtext_release, maxtext_version
+from unit.unit_support import PackageIndex, commit_files, git, maxtext_release, maxtext_version, small_patch, small_project
+from unit.unit_support import small_upstream as make_small_upstream
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+TPU = pathlib.Path("patches/tpu-inference")
 ROOT_PINS = {name: pin.commit for name, pin in load_project(ROOT).pins.items()}
 #: What MaxText 0.2.4's wheel names: the overlay's pins of today.
 PINS_024 = {"google-tunix": "c4ec573d29e4c3a3955b348256d464b119c8a6d1", "tpu-inference": "7ecc401e6faefe3f793f3e4a8e6e2dbc49eca868",
@@ -48,20 +49,13 @@ def _tool(project, index, *args):
 
 
 def _changed(project) -> str:
-    return _git(project, "status", "--porcelain", "--untracked-files=all", "--ignored")
+    return git(project, "status", "--porcelain", "--untracked-files=all", "--ignored")
 
 
 @pytest.fixture
 def small_upstream(tmp_path):
     """As test_rebase_stops's: the pin (A = 1), and a branch `moved` changing the line the patch changes."""
-    repo = tmp_path / "upstream"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
-    pin = _commit(repo, {"tpu_inference/__init__.py": "A = 1\n", "README.md": "upstream\n"}, "the pin", "2026-07-27T09:44:06+00:00")
-    _git(repo, "checkout", "-q", "-b", "moved")
-    _commit(repo, {"tpu_inference/__init__.py": "A = 2\n"}, "A is 2 upstream", "2026-08-01T00:00:00+00:00")
-    _git(repo, "checkout", "-q", "main")
-    return repo, pin
+    return tmp_path / "upstream", make_small_upstream(tmp_path / "upstream")
 
 
 @pytest.fixture
@@ -78,8 +72,8 @@ def _real_pins_project(tmp_path):
     for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
         shutil.copy2(ROOT / name, project / name)
     shutil.copytree(ROOT / "patches", project / "patches")
-    _git(project, "init", "-q", "-b", "main")
-    _commit(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
+    git(project, "init", "-q", "-b", "main")
+    commit_files(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
     return project
 
 
@@ -122,10 +116,10 @@ def _pin(project) -> str:
 
 def test_a_release_moves_its_pins_and_the_extra(small_upstream, served, tmp_path):
     repo, pin = small_upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    _git(repo, "checkout", "-q", "-b", "later", pin)
-    later = _commit(repo, {"README.md": "upstream, later\n"}, "a later commit", "2026-08-02T00:00:00+00:00")
-    project = _project(tmp_path, repo, pin, patch)
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    git(repo, "checkout", "-q", "-b", "later", pin)
+    later = commit_files(repo, {"README.md": "upstream, later\n"}, "a later commit", "2026-08-02T00:00:00+00:00")
+    project = small_project(tmp_path, repo, pin, patch)
     folder, index = served
     maxtext_release(folder, "0.2.5.dev1", {**ROOT_PINS, "tpu-inference": later})
     proc = _tool(project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={repo}", "--no-tests")
@@ -143,9 +137,9 @@ def conflicting_move(small_upstream, served, tmp_path):
     """A project whose patch conflicts with the tpu-inference commit that a
     release (0.2.5.dev1, served) names: (project, index URL, repository, that commit)."""
     repo, pin = small_upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    moved = _git(repo, "rev-parse", "moved")
-    project = _project(tmp_path, repo, pin, patch)
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    moved = git(repo, "rev-parse", "moved")
+    project = small_project(tmp_path, repo, pin, patch)
     folder, index = served
     maxtext_release(folder, "0.2.5.dev1", {**ROOT_PINS, "tpu-inference": moved})
     return project, index, repo, moved
@@ -169,7 +163,7 @@ def test_continue_finishes_the_stopped_pin_then_moves_the_extra(conflicting_move
     assert _tool(project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={repo}", "--no-tests").returncode == 1
     work = project / "build" / "rebase" / "tpu-inference"
     (work / "tpu_inference" / "__init__.py").write_text("A = 3\n")
-    _git(work, "add", "-A")
+    git(work, "add", "-A")
     proc = _tool(project, index, "--continue")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "conflict resolved by hand" in proc.stdout
