@@ -168,3 +168,54 @@ def test_continue_finishes_the_stopped_pin_then_moves_the_extra(conflicting_move
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "conflict resolved by hand" in proc.stdout
     assert _pin(project) == moved and _extra(project) == ["maxtext[tpu-post-train]==0.2.5.dev1"]
+
+
+def _tool_in(cwd, project, index, *args):
+    """The command run from `cwd`, naming no --project: the checkout is the one holding `cwd`."""
+    env = dict(os.environ, MRL_CACHE_DIR=str(project.parent / "cache"), UV_DEFAULT_INDEX=index.url, UV_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_a_relative_source_a_continue_from_the_work_clone_a_failed_build_and_abort(conflicting_move):
+    """--source as typed (relative) is stored absolute, so --continue run in
+    the work clone the stop sends the person into finds it; a failed --build
+    then says how to go on, as the per-distribution rebase does; --abort
+    restores every file and removes the work clones the move made."""
+    project, index, repo, moved = conflicting_move
+    before = {p: (project / p).read_bytes() for p in ("pyproject.toml", "patches/tpu-inference/pin.toml", "constraints.txt")}
+    relative = os.path.relpath(repo, project)
+    stopped = _tool_in(project, project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={relative}", "--build", "--no-tests")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert f"--find-base --source {repo}" in stopped.stdout, "the suggestion names the source by its absolute path"
+    work = project / "build" / "rebase" / "tpu-inference"
+    (work / "tpu_inference" / "__init__.py").write_text("A = 3\n")
+    git(work, "add", "-A")
+    failed = _tool_in(work, project, index, "--continue")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "is not a git repository" not in failed.stderr, failed.stderr
+    assert _pin(project) == moved, "the stopped pin was carried before the build"
+    assert "the build failed, so constraints.txt is unchanged" in failed.stderr, failed.stderr
+    assert "run scripts/rebase.sh --continue (builds again), or scripts/rebase.sh --abort" in failed.stderr, failed.stderr
+    assert (project / "constraints.txt").read_bytes() == before["constraints.txt"]
+    aborted = _tool_in(project, project, index, "--abort")
+    assert aborted.returncode == 0, aborted.stdout + aborted.stderr
+    assert "work clones removed: build/rebase/tpu-inference" in aborted.stdout
+    assert {p: (project / p).read_bytes() for p in before} == before
+    assert not (project / "build" / "rebase").exists() or not any((project / "build" / "rebase").iterdir()), \
+        list((project / "build" / "rebase").iterdir())
+
+
+def test_versions_are_compared_in_pep_440_s_normal_form_and_an_unknown_one_lists_the_releases(served, tmp_path):
+    folder, index = served
+    version = maxtext_version(ROOT)
+    maxtext_release(folder, version, ROOT_PINS)
+    project = _real_pins_project(tmp_path)
+    for spelled in (f"v{version}", f"{version}.0"):
+        proc = _tool(project, index, "--maxtext", spelled)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"already MaxText {version}'s: nothing changed" in proc.stdout
+    unknown = _tool(project, index, "--maxtext", "9.9.9")
+    assert unknown.returncode == 3
+    assert f"no pure-Python wheel of maxtext 9.9.9; the releases it has: {version}." in unknown.stderr, unknown.stderr
+    assert _changed(project) == ""
