@@ -187,7 +187,10 @@ def how_to_finish(moves: list[Move], rebases: list[Step], build: Step | None, ma
     if build is None or build.status != 0:
         lines += [f"scripts/build-wheels.sh{'   # failed here: its output below says why' if build is not None else ''}",
                   _commit_line(BUILT, ("constraints.txt",))]
-    lines += [shlex.join(MATRIX), f"git push origin {branch}"]
+    else:  # the matrix failed: it tests the wheels in dist/, which a fresh checkout has not
+        lines.append("scripts/build-wheels.sh   # the wheels into dist/ (constraints.txt comes out as committed)")
+    failed = "   # failed: its counts below" if matrix is not None and matrix.status != 0 else ""
+    lines += [shlex.join(MATRIX) + failed, f"git push origin {branch}"]
     return lines
 
 

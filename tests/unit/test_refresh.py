@@ -90,6 +90,12 @@ def test_a_failed_matrix_is_a_draft_with_its_counts():
     pr = refresh.pull_request([move], [refresh.Step("scripts/rebase.sh google-tunix v0.1.9", 0, REPORT)], refresh.Step("b", 0, ""),
                               refresh.Step("m", 1, "matrix: 380 passed, 5 failed, 68 skipped\n"), TODAY)
     assert pr["draft"] is True and "- 380 passed, 5 failed, 68 skipped" in pr["body"]
+    assert "**The CPU matrix failed** (`m`, exit 1): 380 passed, 5 failed, 68 skipped." in pr["body"]
+    assert refresh.how_to_finish([move], [refresh.Step("scripts/rebase.sh google-tunix v0.1.9", 0, REPORT)], refresh.Step("b", 0, ""),
+                                 refresh.Step("m", 1, ""), "B")[2:] == [
+        "scripts/build-wheels.sh   # the wheels into dist/ (constraints.txt comes out as committed)",
+        "scripts/test-matrix.sh --platform cpu --quick --wheels dist   # failed: its counts below",
+        "git push origin B"]
 
 
 def test_the_workflow_runs_the_script_weekly_and_on_demand_and_the_checks_run_on_its_pull_request():
