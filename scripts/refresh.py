@@ -206,8 +206,8 @@ def pull_request(moves: list[Move], rebases: list[Step], build: Step | None, mat
     if stopped is not None:
         done = rebases[:-1]
         made = (f"The moves before it ({', '.join(f'`{s.command}`' for s in done)}) are committed on this branch; "
-                if done else "No move is committed on this branch; ")
-        rest = "it and the moves after it are not." if len(rebases) < len(moves) else "it is not."
+                if done else "No move is committed on this branch (only a record of the stop); ")
+        rest = "this one and those after it are not." if len(rebases) < len(moves) else "this one is not."
         if conflicts := _conflicts(stopped):
             lines += [f"**Stopped at a conflict** in `{stopped.command}`: {', '.join(conflicts)}. {made}{rest}", ""]
         else:

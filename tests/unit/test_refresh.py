@@ -312,7 +312,8 @@ def test_a_conflict_in_the_first_move_opens_a_draft_whose_commands_finish_it_on_
     (pr,) = world.prs()
     assert pr["draft"] is True and pr["title"].endswith("(needs work)")
     body = pr["body"]
-    assert f"**Stopped at a conflict** in `{TUNIX_MOVE}`: 0001-Set-A-to-3.patch. No move is committed on this branch" in body
+    assert (f"**Stopped at a conflict** in `{TUNIX_MOVE}`: 0001-Set-A-to-3.patch. No move is committed on this branch (only a record of the stop); "
+            "this one and those after it are not.") in body
     assert f"### `{TPU_MOVE}`\n\n- not run (a move before it stopped)" in body
     (stop,) = world.pushed()
     assert stop[:2] == (refresh.EMAIL, f"Refresh stopped at {TUNIX_MOVE}") and stop[2] == "", "an empty commit: the pull request has one"
@@ -355,7 +356,7 @@ def test_a_conflict_in_the_second_move_keeps_the_first_committed(world):
     body = pr["body"]
     assert pr["draft"] is True
     assert (f"**Stopped at a conflict** in `{TPU_MOVE}`: 0001-Set-A-to-3.patch. The moves before it (`{TUNIX_MOVE}`) are committed "
-            "on this branch; it is not.") in body
+            "on this branch; this one is not.") in body
     assert _finish(body)[2:] == [
         f"{TPU_MOVE}   # stops at the same conflict: resolve it in build/rebase/ as it says (git add each file there)",
         "scripts/rebase.sh --continue",
