@@ -119,3 +119,24 @@ def test_a_fetch_that_fails_says_git_s_words_not_a_python_list(upstream, tmp_pat
     assert failed.returncode == 3, failed.stderr
     (line,) = [line for line in failed.stderr.splitlines() if "error:" in line]
     assert "cannot fetch moved from" in line and "['" not in line and "fatal:" in line, line
+
+
+def test_a_relative_source_is_taken_as_an_absolute_path(upstream, tmp_path):
+    """--source as typed, relative to where the command runs, is stored and
+    shown as an absolute path: the stop's suggestions and --continue work
+    from anywhere, the work clone included."""
+    repo, pin = upstream
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = small_project(tmp_path, repo, pin, patch)
+    env = dict(os.environ, MRL_CACHE_DIR=str(tmp_path / "cache"))
+    stopped = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", "tpu-inference", "moved", "--source", "upstream",
+                              "--no-tests", "--project", str(project)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert f"--find-base --source {repo}\n" in stopped.stdout, stopped.stdout
+    work = project / "build" / "rebase" / "tpu-inference"
+    (work / CODE).write_text("A = 3\n")
+    git(work, "add", CODE)
+    done = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", "--continue"], cwd=work, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"scripts/build-wheels.sh --source tpu-inference={repo}\n" in done.stdout, done.stdout
