@@ -1,37 +1,56 @@
 """The scheduled refresh: follow MaxText's releases and the upstreams' release tags.
 
-    python scripts/refresh.py [--work DIR] [--dry-run]
+    python scripts/refresh.py [--work DIR] [--dry-run] [--no-tests] [--today DATE] [--open [--dispatch-checks]]
 
-run in a checkout (the tool venv's python, on a machine that reaches GitHub
-and the package index), by .github/workflows/refresh.yml, which holds no
-logic of its own. It
+run in a clean checkout (the tool venv's python, on a machine that reaches
+GitHub and the package index), by .github/workflows/refresh.yml, which holds
+no logic of its own. It
 
 1. plans: a MaxText release newer than the one the `maxtext` extra names
    (the package index), else, per upstream, a release tag newer than its pin
    (`git ls-remote --tags`);
-2. moves the pins: `scripts/rebase.sh --maxtext VERSION` for a MaxText
-   release, `scripts/rebase.sh NAME TAG` for a tag, each upstream from a
-   blobless clone of its repository;
-3. where every patch was carried, builds (`scripts/build-wheels.sh`) and runs
-   the quick CPU matrix (`scripts/test-matrix.sh --platform cpu --quick`);
-4. writes, in DIR, `pr.json` (branch `refresh/<date>-<what>`, title, draft)
-   and `pr.md`, the pull request's body: the rebase report (each patch's
-   outcome), what dropped as applied upstream, and the matrix's counts. A
-   rebase that stopped at a conflict makes a draft naming the conflict.
+2. makes the branch `refresh/<date>-<what>` at the checkout's HEAD and moves
+   the pins on it, one commit per move (a rebase refuses a checkout with
+   uncommitted changes in patches/, so each move starts from the one before,
+   committed): `scripts/rebase.sh --maxtext VERSION` for a MaxText release,
+   `scripts/rebase.sh NAME TAG` for a tag, each upstream from a blobless
+   clone of its repository. A move that stops (a conflict, or a step that
+   could not be done) ends the moves; an empty commit records where, and how
+   to go on (the rebase's work clone, in the ignored build/, is never pushed);
+3. where every move was made, builds (`scripts/build-wheels.sh`), commits the
+   regenerated constraints.txt and runs the quick CPU matrix on those wheels
+   (`scripts/test-matrix.sh --platform cpu --quick --wheels dist`);
+4. writes, in DIR, `pr.json` (branch, title, draft) and `pr.md`, the pull
+   request's body: each move's report, what dropped as applied upstream, the
+   build's and the matrix's outcome and, wherever it stopped, the commands
+   that finish the work on a fresh checkout of the branch. Anything but a
+   carried series, a build and a green matrix makes a draft;
+5. with --open, pushes the branch and opens its pull request with `gh`, or
+   updates the one open for the branch (a same-day re-run). The push is a
+   force-with-lease over a branch only the refresh has committed to; a
+   same-day branch that holds anyone else's commit is left alone, and the
+   refresh takes the next free name (`…-2`). --dispatch-checks then starts
+   checks.yml on the branch: a pull request opened with the workflow's
+   GITHUB_TOKEN starts no workflow of its own.
 
-It exits 0 when it wrote a pull request to open (or found nothing to do,
-saying so, with no pr.json), 1 when a step failed before a pull request could
-be made. The logic (`plan`, `pull_request`) is tested offline in
-tests/unit/test_refresh.py; the workflow only runs this file and `gh`."""
+It exits 0 when it wrote (and, with --open, opened) a pull request, or found
+nothing to do (saying so, with no pr.json); 1 when a step failed before a
+pull request could be made (the message says which). The logic (`plan`,
+`pull_request`, `how_to_finish`) and `main` itself, on small upstreams made by
+the tests with a fake `gh`, are tested offline in tests/unit/test_refresh.py;
+the workflow only runs this file."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
+import os
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
@@ -95,11 +114,25 @@ def plan(maxtext: str, maxtext_released: Iterable[str], pins: Mapping[str, str],
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """A step the refresh ran: its command, status and what it printed."""
+    """A step the refresh ran: the command a person runs for it in a checkout
+    (the sources the refresh cloned left out: the pins name the
+    repositories), its status and what it printed."""
 
     command: str
     status: int
     output: str
+
+
+#: What a move changes, committed after each one.
+MOVED = ("patches", "pyproject.toml")
+#: The quick CPU matrix on the wheels the build put in dist/.
+MATRIX = ("scripts/test-matrix.sh", "--platform", "cpu", "--quick", "--wheels", "dist")
+#: How much of a failed build's output the pull request shows.
+TAIL = 40
+
+
+def branch_name(moves: list[Move], today: datetime.date) -> str:
+    return f"refresh/{today.isoformat()}-{'+'.join(m.what for m in moves)}"
 
 
 def _rows(report: str) -> list[tuple[str, str]]:
@@ -112,50 +145,145 @@ def _rows(report: str) -> list[tuple[str, str]]:
     return rows
 
 
+def _conflicts(step: Step) -> list[str]:
+    return [patch for patch, outcome in _rows(step.output) if outcome.startswith("CONFLICT")]
+
+
 def _matrix_counts(output: str) -> str | None:
     found = re.findall(r"^matrix: (\d+ passed, \d+ failed, \d+ skipped)$", output, re.M)
     return found[-1] if found else None
 
 
-def pull_request(moves: list[Move], rebases: list[Step], build: Step | None, matrix: Step | None, today: datetime.date) -> dict[str, object]:
+def _commit_line(message: str, paths: Iterable[str]) -> str:
+    return f"git add -A {' '.join(paths)} && git commit -m {shlex.quote(message)}"
+
+
+def move_message(move: Move) -> str:
+    return f"Refresh: rebase {' '.join(move.args)}"
+
+
+BUILT = "Refresh: constraints.txt regenerated from the new pins"
+
+
+def how_to_finish(moves: list[Move], rebases: list[Step], build: Step | None, matrix: Step | None, branch: str) -> list[str]:
+    """The commands that finish a refresh that stopped, on a fresh checkout
+    of its branch (nothing when it did not stop): the stopped move again
+    from the pins (its work clone was not pushed), the moves not reached,
+    the build, the matrix, the push."""
+    stop = next((i for i, step in enumerate(rebases) if step.status != 0), None)
+    if stop is None and build is not None and build.status == 0 and matrix is not None and matrix.status == 0:
+        return []
+    lines = [f"git fetch origin {branch} && git checkout {branch}", "bash scripts/setup.sh"]
+    if stop is not None:
+        move, step = moves[stop], rebases[stop]
+        if _conflicts(step):
+            lines += [f"{step.command}   # stops at the same conflict: resolve it in build/rebase/ as it says (git add each file there)",
+                      "scripts/rebase.sh --continue"]
+        else:
+            lines += [f"{step.command}   # failed here (exit {step.status}): its output below says why; fix that first"]
+        lines.append(_commit_line(move_message(move), MOVED))
+        for later in moves[stop + 1:]:
+            lines += [f"scripts/rebase.sh {shlex.join(later.args)}", _commit_line(move_message(later), MOVED)]
+    if build is None or build.status != 0:
+        lines += [f"scripts/build-wheels.sh{'   # failed here: its output below says why' if build is not None else ''}",
+                  _commit_line(BUILT, ("constraints.txt",))]
+    else:  # the matrix failed: it tests the wheels in dist/, which a fresh checkout has not
+        lines.append("scripts/build-wheels.sh   # the wheels into dist/ (constraints.txt comes out as committed)")
+    failed = "   # failed: its counts below" if matrix is not None and matrix.status != 0 else ""
+    lines += [shlex.join(MATRIX) + failed, f"git push origin {branch}"]
+    return lines
+
+
+def pull_request(moves: list[Move], rebases: list[Step], build: Step | None, matrix: Step | None, today: datetime.date,
+                 branch: str | None = None) -> dict[str, object]:
     """The pull request for what the refresh did: branch, title, draft, body."""
-    what = "+".join(m.what for m in moves)
+    branch = branch or branch_name(moves, today)
     rows = [row for step in rebases for row in _rows(step.output)]
-    conflicts = [patch for patch, outcome in rows if outcome.startswith("CONFLICT")]
     dropped = [f"{patch} ({outcome})" for patch, outcome in rows if outcome.startswith("dropped")]
-    stopped = bool(conflicts) or any(step.status != 0 for step in rebases)
+    stopped = next((step for step in rebases if step.status != 0), None)
     counts = _matrix_counts(matrix.output) if matrix else None
     lines = [f"Refresh onto {', '.join(m.what for m in moves)}, made by scripts/refresh.py.", ""]
-    if conflicts:
-        lines += [f"**Stopped at a conflict** in {', '.join(conflicts)}: resolve it in `build/rebase/` of a checkout of this branch, "
-                  "then `scripts/rebase.sh --continue` (the report below names the files).", ""]
-    elif stopped:
-        lines += ["**The rebase did not finish** (its report below says why).", ""]
+    if stopped is not None:
+        done = rebases[:-1]
+        made = (f"The moves before it ({', '.join(f'`{s.command}`' for s in done)}) are committed on this branch; "
+                if done else "No move is committed on this branch (only a record of the stop); ")
+        rest = "this one and those after it are not." if len(rebases) < len(moves) else "this one is not."
+        if conflicts := _conflicts(stopped):
+            lines += [f"**Stopped at a conflict** in `{stopped.command}`: {', '.join(conflicts)}. {made}{rest}", ""]
+        else:
+            lines += [f"**`{stopped.command}` did not finish** (exit {stopped.status}; its output below says why). {made}{rest}", ""]
+    elif build is not None and build.status != 0:
+        lines += [f"**The build failed** (`{build.command}`, exit {build.status}): the moves are committed, constraints.txt is not "
+                  "regenerated, and the CPU matrix did not run.", ""]
+    elif matrix is not None and matrix.status != 0:
+        lines += [f"**The CPU matrix failed** (`{matrix.command}`, exit {matrix.status}): {counts or 'no counts printed'}.", ""]
+    finish = how_to_finish(moves, rebases, build, matrix, branch)
+    if finish:
+        lines += ["### How to finish", "",
+                  "On a fresh checkout of this branch (the rebase's work clone, in the ignored `build/`, was not pushed: "
+                  "the commands redo the stopped step from the pins this branch holds):", "", "```sh", *finish, "```", "",
+                  "then mark this pull request ready for review.", ""]
     for step in rebases:
         lines += [f"### `{step.command}` (exit {step.status})", "", "```", step.output.strip(), "```", ""]
+    for move in moves[len(rebases):]:
+        lines += [f"### `scripts/rebase.sh {shlex.join(move.args)}`", "", "- not run (a move before it stopped)", ""]
     lines += ["### Dropped as applied upstream", ""] + ([f"- {d}" for d in dropped] or ["- none"]) + [""]
     if build is not None:
         lines += [f"### Build: `{build.command}` (exit {build.status})", ""]
+        if build.status != 0:
+            tail = build.output.strip().splitlines()[-TAIL:]
+            lines += [f"Its last {len(tail)} lines:", "", "```", *tail, "```", ""]
     if matrix is not None:
         lines += [f"### CPU matrix: `{matrix.command}` (exit {matrix.status})", "", f"- {counts or 'no counts printed'}", ""]
-    elif not stopped:
+    elif stopped is None:
         lines += ["### CPU matrix", "", "- not run (the build failed)", ""]
-    ok = not stopped and build is not None and build.status == 0 and matrix is not None and matrix.status == 0
+    ok = not finish
     title = f"Refresh: {', '.join(m.what for m in moves)}" + ("" if ok else " (needs work)")
-    return {"branch": f"refresh/{today.isoformat()}-{what}", "title": title, "draft": not ok, "body": "\n".join(lines)}
+    return {"branch": branch, "title": title, "draft": not ok, "body": "\n".join(lines)}
 
 
-# -- what reaches the network and runs the tools (not unit-tested) ------------
+# -- what reaches the network, git and gh, and runs the tools ----------------
+# (tested end to end in tests/unit/test_refresh.py, on upstreams made there)
 
-def _run(cmd: list[str], cwd: pathlib.Path = ROOT) -> Step:
-    print(f"refresh: $ {' '.join(cmd)}", file=sys.stderr, flush=True)
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+#: Who the refresh's commits are by: a branch only it committed to is its own to update.
+NAME, EMAIL = "maxtext-rl-overlay refresh", "refresh@users.noreply.github.com"
+IDENTITY = {"GIT_AUTHOR_NAME": NAME, "GIT_AUTHOR_EMAIL": EMAIL, "GIT_COMMITTER_NAME": NAME, "GIT_COMMITTER_EMAIL": EMAIL}
+
+
+class Failed(Exception):
+    """A step failed before a pull request could be made."""
+
+
+def _run(cmd: list[str], shown: str) -> Step:
+    print(f"refresh: $ {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     print(done.stdout + done.stderr, file=sys.stderr, flush=True)
-    return Step(" ".join(cmd[:1] + [a for a in cmd[1:] if not a.startswith("/")]), done.returncode, done.stdout + done.stderr)
+    return Step(shown, done.returncode, done.stdout + done.stderr)
+
+
+def _call(program: str, *args: str, check: bool = True) -> str:
+    """`program ARGS` in the checkout (git with the refresh's identity): its output."""
+    done = subprocess.run([program, *args], cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, **IDENTITY))
+    if check and done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise Failed(f"`{program} {shlex.join(args)}` failed (exit {done.returncode}): {said[-1] if said else 'it said nothing'}")
+    return done.stdout.strip()
+
+
+def _git(*args: str, check: bool = True) -> str:
+    return _call("git", *args, check=check)
+
+
+def _commit(message: str, paths: Iterable[str] = (), empty: bool = False) -> None:
+    """Commit `paths` (if they changed), or nothing (`empty`: a commit all the same)."""
+    if paths:
+        _git("add", "-A", "--", *paths)
+    staged = subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=ROOT).returncode != 0
+    if staged or empty:
+        _git("commit", "-q", "--no-verify", *(["--allow-empty"] if empty else []), "-m", message)
 
 
 def _project_state() -> tuple[str, dict[str, str], dict[str, str]]:
-    sys.path.insert(0, str(ROOT / "overlay"))
     from maxtext_rl_overlay.pins import load_project
 
     project = load_project(ROOT)
@@ -175,17 +303,75 @@ def _tags(repository: str) -> list[str]:
     done = subprocess.run(["git", "ls-remote", "--tags", "--refs", repository], capture_output=True, text=True)
     if done.returncode != 0:
         said = done.stderr.strip().splitlines()
-        raise SystemExit(f"refresh: cannot list the release tags of {repository}: {said[-1] if said else f'git exited {done.returncode}'}")
+        raise Failed(f"cannot list the release tags of {repository}: {said[-1] if said else f'git exited {done.returncode}'}")
     return [line.split("refs/tags/", 1)[1] for line in done.stdout.splitlines() if "refs/tags/" in line]
 
 
-def main() -> int:
+def _own_branch(name: str, base: str) -> tuple[str, str]:
+    """The branch to push to and the commit it holds on origin now ("" for
+    none): `name`, or `name-2`, `name-3`… where `name` holds a commit the
+    refresh did not make (someone has worked on it: left alone)."""
+    for n in itertools.count(1):
+        branch = name if n == 1 else f"{name}-{n}"
+        listed = _git("ls-remote", "origin", f"refs/heads/{branch}")
+        if not listed:
+            return branch, ""
+        remote = listed.split()[0]
+        _git("fetch", "-q", "origin", f"refs/heads/{branch}")
+        others = sorted({e for e in _git("log", "--format=%ce", f"{base}..{remote}").split() if e != EMAIL})
+        if not others:
+            print(f"refresh: {branch} exists on origin with the refresh's commits only: it is updated", file=sys.stderr)
+            return branch, remote
+        print(f"refresh: {branch} on origin holds commits by {', '.join(others)}: left alone", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
+def _publish(pr: dict[str, object], body: pathlib.Path, branch: str, lease: str, base_branch: str, dispatch: bool) -> None:
+    """Push the branch, open its pull request or update the open one, and start checks.yml on it if asked."""
+    _git("push", "-q", f"--force-with-lease=refs/heads/{branch}:{lease}", "origin", f"HEAD:refs/heads/{branch}")
+    title, draft = str(pr["title"]), bool(pr["draft"])
+    found = json.loads(_call("gh", "pr", "list", "--head", branch, "--state", "open", "--json", "number,isDraft") or "[]")
+    if found:
+        number = str(found[0]["number"])
+        _call("gh", "pr", "edit", number, "--title", title, "--body-file", str(body))
+        if bool(found[0]["isDraft"]) != draft:
+            _call("gh", "pr", "ready", number, *(["--undo"] if draft else []))
+        print(f"refresh: pull request #{number} updated", file=sys.stderr)
+    else:
+        base = ["--base", base_branch] if base_branch != "HEAD" else []
+        said = _call("gh", "pr", "create", "--head", branch, *base, "--title", title, "--body-file", str(body), *(["--draft"] if draft else []))
+        print(f"refresh: pull request opened: {said}", file=sys.stderr)
+    if dispatch:
+        _call("gh", "workflow", "run", "checks.yml", "--ref", branch)
+        print(f"refresh: checks.yml started on {branch}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=pathlib.Path, default=ROOT / "build" / "refresh", help="where pr.json, pr.md and the clones go")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and stop")
-    args = parser.parse_args()
-    current, versions, repositories = _project_state()
-    released = _released_maxtext()
+    parser.add_argument("--no-tests", action="store_true", help="each rebase without its fast tests (checks.yml runs them on the pull request)")
+    parser.add_argument("--today", type=datetime.date.fromisoformat, default=datetime.datetime.now(datetime.UTC).date(),
+                        metavar="YYYY-MM-DD", help="the date in the branch's name (default: today, UTC)")
+    parser.add_argument("--open", action="store_true", help="push the branch and open (or update) its pull request with gh")
+    parser.add_argument("--dispatch-checks", action="store_true", help="with --open: start checks.yml on the branch")
+    args = parser.parse_args(argv)
+    try:
+        return _refresh(args)
+    except Failed as exc:
+        print(f"refresh: {exc}", file=sys.stderr)
+        return 1
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(ROOT / "overlay"))  # this checkout's tool
+    from maxtext_rl_overlay.errors import OverlayError
+
+    try:
+        current, versions, repositories = _project_state()
+        released = _released_maxtext()
+    except OverlayError as exc:
+        raise Failed(str(exc)) from None
     # A MaxText release names every pin: the tags are read only without one.
     tags = {} if newer_release(current, released) else {n: _tags(repositories[n]) for n in TAGGED}
     moves = plan(current, released, versions, tags)
@@ -195,27 +381,44 @@ def main() -> int:
     print("refresh: plan: " + "; ".join(f"rebase {' '.join(m.args)}" for m in moves))
     if args.dry_run:
         return 0
+    if changed := _git("status", "--porcelain", "--untracked-files=no"):
+        raise Failed(f"the checkout {ROOT} has uncommitted changes:\n  " + "\n  ".join(changed.splitlines())
+                     + "\nCommit or stash them first: the refresh commits each move on a branch of its own.")
+    base, base_branch = _git("rev-parse", "HEAD"), _git("rev-parse", "--abbrev-ref", "HEAD")
+    branch, lease = _own_branch(branch_name(moves, args.today), base) if args.open else (branch_name(moves, args.today), "")
+    _git("checkout", "-q", "-B", branch)
     args.work.mkdir(parents=True, exist_ok=True)
-    rebases = []
+    rebases: list[Step] = []
     for move in moves:
         sources = []
         for name in move.moves:
             clone = args.work / f"{name}.git"
             if not clone.exists():  # blobless: the tool fetches the blobs of the commits it checks out
-                _run(["git", "clone", "--quiet", "--bare", "--filter=blob:none", repositories[name], str(clone)])
+                _git("clone", "--quiet", "--bare", "--filter=blob:none", repositories[name], str(clone))
             sources += ["--source", f"{name}={clone}"] if move.args[0] == "--maxtext" else ["--source", str(clone)]
-        rebases.append(_run(["scripts/rebase.sh", *move.args, *sources]))
+        shown = f"scripts/rebase.sh {shlex.join(move.args)}"
+        rebases.append(_run(["scripts/rebase.sh", *move.args, *sources, *(["--no-tests"] if args.no_tests else [])], shown))
         if rebases[-1].status != 0:
             break
+        _commit(move_message(move), MOVED)
     build = matrix = None
     if all(step.status == 0 for step in rebases):
-        build = _run(["scripts/build-wheels.sh", *[a for m in moves for n in m.moves for a in ("--source", f"{n}={args.work / (n + '.git')}")]])
+        build = _run(["scripts/build-wheels.sh", *[a for m in moves for n in m.moves for a in ("--source", f"{n}={args.work / (n + '.git')}")]],
+                     "scripts/build-wheels.sh")
         if build.status == 0:
-            matrix = _run(["scripts/test-matrix.sh", "--platform", "cpu", "--quick"])
-    pr = pull_request(moves, rebases, build, matrix, datetime.date.today())
-    (args.work / "pr.md").write_text(str(pr.pop("body")))
+            _commit(BUILT, ("constraints.txt",))
+            matrix = _run(list(MATRIX), shlex.join(MATRIX))
+    pr = pull_request(moves, rebases, build, matrix, args.today, branch)
+    body = str(pr.pop("body"))
+    if rebases[-1].status != 0:
+        finish = how_to_finish(moves, rebases, build, matrix, branch)
+        _commit(f"Refresh stopped at {rebases[-1].command}\n\nTo finish, on a checkout of this branch:\n\n"
+                + "\n".join(f"    {line}" for line in finish) + "\n", empty=True)
+    (args.work / "pr.md").write_text(body)
     (args.work / "pr.json").write_text(json.dumps(pr, indent=1))
-    print(f"refresh: pull request {pr['title']!r} on {pr['branch']} ({'draft' if pr['draft'] else 'ready'}): {args.work / 'pr.md'}")
+    print(f"refresh: pull request {pr['title']!r} on {branch} ({'draft' if pr['draft'] else 'ready'}): {args.work / 'pr.md'}")
+    if args.open:
+        _publish(pr, args.work / "pr.md", branch, lease, base_branch, args.dispatch_checks)
     return 0
 
 

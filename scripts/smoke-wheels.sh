@@ -8,6 +8,9 @@
 # Usage: scripts/smoke-wheels.sh --wheels DIR --json FILE [--cpu-simulation] [--maxtext]
 # (A release built with --base-url names a URL that does not serve these
 # wheels yet: they are installed from the folder itself.)
+# Exit status: 0 every check passed, 1 a check failed (smoke's), 2 a wrong
+# command line, 3 it could not run: no index folder, the venv or the install
+# failed (said so, uv's own message above it), or smoke cannot run here.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 wheels="" json="" simulation="" maxtext=""
@@ -35,7 +38,10 @@ use_tool_venv "$root"
 work=$(mktemp -d "${TMPDIR:-/tmp}/mrl-smoke-wheels.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 constraints=$(python -c 'import pathlib, sys; from maxtext_rl_overlay import publish; print(publish.local_view(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])))' "$wheels" "$work/index")
-uv venv -q -p "$(find_python312)" "$work/venv"
+# A venv or an install that fails is status 3 ("cannot run here"), never
+# uv's own 1, which would read as "a check failed".
+cannot() { echo "scripts/smoke-wheels.sh: $1 (uv exited $2), so the smoke did not run: see uv's message above" >&2; exit 3; }
+uv venv -q -p "$(find_python312)" "$work/venv" || cannot "making the venv $work/venv failed" $?
 install=(-c "$constraints" maxtext-rl-overlay)
 if [ -n "$maxtext" ]; then
   overrides=$(dirname "$constraints")/torch-standin-overrides.txt
@@ -44,7 +50,7 @@ if [ -n "$maxtext" ]; then
   install+=("maxtext-rl-overlay[maxtext]")
 fi
 echo "scripts/smoke-wheels.sh: uv pip install ${install[*]} (the README's command)" >&2
-uv pip install -q -p "$work/venv/bin/python" "${install[@]}"
+uv pip install -q -p "$work/venv/bin/python" "${install[@]}" || cannot "installing ${install[*]} from $wheels failed" $?
 mkdir -p "$(dirname "$json")"
 # Its status is the script's (0 passed, 1 a check failed, 3 cannot run here).
 status=0

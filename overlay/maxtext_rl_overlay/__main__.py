@@ -81,6 +81,14 @@ def _source_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _absolute(path: str) -> str:
+    """A --source of the rebase as an absolute path, resolved when the
+    command is given: the rebase stores it, and --continue may run from
+    elsewhere (the work clone its stop message sends the person into), as
+    may the build command it suggests. A URL stays as it is."""
+    return path if "://" in path else str(pathlib.Path(path).expanduser().resolve())
+
+
 def _only_arg(text: str) -> list[str]:
     from .pins import DISTRIBUTIONS
 
@@ -241,7 +249,7 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
         if args.name or args.new_ref or args.find_base or args.apply_vllm_lkg:
             raise UsageError("--maxtext VERSION takes no NAME, NEW_REF, --find-base or --apply-vllm-lkg: the release names every commit.")
         try:
-            given = dict(_source_arg(s) for s in args.source)
+            given = {name: _absolute(path) for name, path in map(_source_arg, args.source)}
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--source: {exc} (--maxtext takes NAME=PATH only)") from None
         moved = rebase.release.start(rebase.release.ReleaseOptions(root, args.maxtext, given, build=args.build,
@@ -251,9 +259,9 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
     else:
         if not (args.name and args.new_ref):
             raise UsageError("NAME and NEW_REF are required (or --continue / --abort).")
-        own = [s for s in args.source if "=" not in s]
+        own = [_absolute(s) for s in args.source if "=" not in s]
         try:
-            others = dict(_source_arg(s) for s in args.source if "=" in s)
+            others = {name: _absolute(path) for name, path in (_source_arg(s) for s in args.source if "=" in s)}
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--source: {exc}") from None
         if len(own) > 1:

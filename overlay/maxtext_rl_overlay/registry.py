@@ -26,6 +26,7 @@ import urllib.request
 from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from .digest import sha256_file
 from .errors import OverlayError
@@ -63,11 +64,20 @@ def files(project: str) -> list[dict[str, Any]]:
 
 
 def _pure_wheel(listing: list[dict[str, Any]], project: str, version: str) -> str:
-    for entry in listing:
-        name = str(entry["filename"])
-        if name.endswith("-py3-none-any.whl") and str(parse_wheel_filename(name)[1]) == version:
+    """The pure-Python wheel of `version`, compared as PEP 440 versions
+    (v0.2.4 and 0.2.4.0 are 0.2.4); where there is none, the error lists
+    the versions there are."""
+    try:
+        wanted: Version | None = Version(version)
+    except InvalidVersion:
+        wanted = None
+    pure = [(parse_wheel_filename(str(e["filename"]))[1], str(e["filename"])) for e in listing if str(e["filename"]).endswith("-py3-none-any.whl")]
+    for found, name in pure:
+        if found == wanted:
             return name
-    raise OverlayError(f"the package index has no pure-Python wheel of {project} {version}.")
+    have = ", ".join(str(v) for v in sorted({v for v, _ in pure})) or "none"
+    why = "" if wanted is not None else " (not a PEP 440 version)"
+    raise OverlayError(f"the package index has no pure-Python wheel of {project} {version}{why}; the releases it has: {have}.")
 
 
 def file_info(project: str, filename: str) -> tuple[str, str]:

@@ -28,6 +28,7 @@ from support.pipeline import (
     set_pin,
     unpack,
 )
+from unit.unit_support import default_signals
 
 pytestmark = pytest.mark.slow
 
@@ -345,7 +346,9 @@ def test_interrupted_build_publishes_nothing(previous, project, standin, tmp_pat
             "--out", str(out), "--constraints", str(out.parent / "constraints.txt"), "--project", str(project)]
     for name in ("google-tunix", "tpu-inference"):
         args += ["--source", f"{name}={standin[name]}"]
-    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env)
+    # The signals at their defaults in the build, however this suite was
+    # started (a background job's children start with SIGINT ignored).
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_signals)
     seen = []
     for line in proc.stderr:  # interrupt in the middle: during the second wheel's build
         seen.append(line)

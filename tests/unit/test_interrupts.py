@@ -5,7 +5,12 @@ while one starts, inside a finaliser that swallows the exception, between
 the renames that put a result in place.
 
 Each test sends a real signal to this process, inside interrupts.installed()
-(the command's own handlers)."""
+(the command's own handlers), or to the command started in a child process.
+Neither may depend on how the suite was started: a background job of a
+non-interactive shell starts its children with SIGINT and SIGQUIT ignored,
+and the tool keeps an ignored signal ignored. So the signals are at their
+defaults during each test here (`_signals_at_their_defaults`), and in every
+child the tests start and signal (`default_signals`, its preexec_fn)."""
 
 from __future__ import annotations
 
@@ -19,11 +24,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from maxtext_rl_overlay import interrupts, proc, staging
 from maxtext_rl_overlay.errors import OverlayError
+from unit.unit_support import default_signals
 
 # A program that starts a helper (its own child: the grandchild of the tool)
 # which keeps writing files into a folder, as a build backend under uv does,
@@ -41,6 +48,18 @@ while True:
     time.sleep(0.01)
 """
 PARENT = "import subprocess, sys; subprocess.run([sys.executable, '-c', sys.argv[1], sys.argv[2], sys.argv[3]])"
+
+
+@pytest.fixture(autouse=True)
+def _signals_at_their_defaults() -> Iterator[None]:
+    """The signals the tool stops on that this process was started with
+    ignored are at their defaults for the test, and ignored again after it."""
+    ignored = [sig for sig in interrupts.SIGNALS if signal.getsignal(sig) == signal.SIG_IGN]
+    for sig in ignored:
+        signal.signal(sig, signal.SIG_DFL)
+    yield
+    for sig in ignored:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _running(pid: int) -> bool:
@@ -344,7 +363,8 @@ def test_a_hang_up_or_quit_stops_a_build_as_an_interrupt_does(stalled_build, sig
 
     args, env, top = stalled_build
     master, terminal = pty.openpty()
-    tool = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env, start_new_session=True)
+    tool = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env, start_new_session=True,
+                            preexec_fn=default_signals)
     os.close(terminal)
     try:
         shown = _wait_for(top / "helper.pid", tool, master)
@@ -372,10 +392,11 @@ def test_a_hang_up_or_quit_stops_a_build_as_an_interrupt_does(stalled_build, sig
 
 
 def test_a_build_started_with_hang_ups_ignored_keeps_running_through_one(stalled_build):
-    """nohup: the tool leaves an ignored SIGHUP ignored."""
+    """nohup: the tool leaves an ignored SIGHUP ignored (nohup ignores it,
+    over the defaults the child starts with)."""
     args, env, top = stalled_build
     tool = subprocess.Popen(["nohup", *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=default_signals)
     try:
         _wait_for(top / "helper.pid", tool)
         tool.send_signal(signal.SIGHUP)

@@ -17,10 +17,11 @@ import pytest
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
 from maxtext_rl_overlay.rebase.release import parse_deps
-from unit.test_rebase_stops import TPU, _commit, _git, _patch_of, _project
-from unit.unit_support import PackageIndex, maxtext_release, maxtext_version
+from unit.unit_support import PackageIndex, commit_files, git, maxtext_release, maxtext_version, small_patch, small_project
+from unit.unit_support import small_upstream as make_small_upstream
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+TPU = pathlib.Path("patches/tpu-inference")
 ROOT_PINS = {name: pin.commit for name, pin in load_project(ROOT).pins.items()}
 #: What MaxText 0.2.4's wheel names: the overlay's pins of today.
 PINS_024 = {"google-tunix": "c4ec573d29e4c3a3955b348256d464b119c8a6d1", "tpu-inference": "7ecc401e6faefe3f793f3e4a8e6e2dbc49eca868",
@@ -48,20 +49,13 @@ def _tool(project, index, *args):
 
 
 def _changed(project) -> str:
-    return _git(project, "status", "--porcelain", "--untracked-files=all", "--ignored")
+    return git(project, "status", "--porcelain", "--untracked-files=all", "--ignored")
 
 
 @pytest.fixture
 def small_upstream(tmp_path):
     """As test_rebase_stops's: the pin (A = 1), and a branch `moved` changing the line the patch changes."""
-    repo = tmp_path / "upstream"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
-    pin = _commit(repo, {"tpu_inference/__init__.py": "A = 1\n", "README.md": "upstream\n"}, "the pin", "2026-07-27T09:44:06+00:00")
-    _git(repo, "checkout", "-q", "-b", "moved")
-    _commit(repo, {"tpu_inference/__init__.py": "A = 2\n"}, "A is 2 upstream", "2026-08-01T00:00:00+00:00")
-    _git(repo, "checkout", "-q", "main")
-    return repo, pin
+    return tmp_path / "upstream", make_small_upstream(tmp_path / "upstream")
 
 
 @pytest.fixture
@@ -78,8 +72,8 @@ def _real_pins_project(tmp_path):
     for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
         shutil.copy2(ROOT / name, project / name)
     shutil.copytree(ROOT / "patches", project / "patches")
-    _git(project, "init", "-q", "-b", "main")
-    _commit(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
+    git(project, "init", "-q", "-b", "main")
+    commit_files(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
     return project
 
 
@@ -122,10 +116,10 @@ def _pin(project) -> str:
 
 def test_a_release_moves_its_pins_and_the_extra(small_upstream, served, tmp_path):
     repo, pin = small_upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    _git(repo, "checkout", "-q", "-b", "later", pin)
-    later = _commit(repo, {"README.md": "upstream, later\n"}, "a later commit", "2026-08-02T00:00:00+00:00")
-    project = _project(tmp_path, repo, pin, patch)
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    git(repo, "checkout", "-q", "-b", "later", pin)
+    later = commit_files(repo, {"README.md": "upstream, later\n"}, "a later commit", "2026-08-02T00:00:00+00:00")
+    project = small_project(tmp_path, repo, pin, patch)
     folder, index = served
     maxtext_release(folder, "0.2.5.dev1", {**ROOT_PINS, "tpu-inference": later})
     proc = _tool(project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={repo}", "--no-tests")
@@ -143,9 +137,9 @@ def conflicting_move(small_upstream, served, tmp_path):
     """A project whose patch conflicts with the tpu-inference commit that a
     release (0.2.5.dev1, served) names: (project, index URL, repository, that commit)."""
     repo, pin = small_upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    moved = _git(repo, "rev-parse", "moved")
-    project = _project(tmp_path, repo, pin, patch)
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    moved = git(repo, "rev-parse", "moved")
+    project = small_project(tmp_path, repo, pin, patch)
     folder, index = served
     maxtext_release(folder, "0.2.5.dev1", {**ROOT_PINS, "tpu-inference": moved})
     return project, index, repo, moved
@@ -169,8 +163,59 @@ def test_continue_finishes_the_stopped_pin_then_moves_the_extra(conflicting_move
     assert _tool(project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={repo}", "--no-tests").returncode == 1
     work = project / "build" / "rebase" / "tpu-inference"
     (work / "tpu_inference" / "__init__.py").write_text("A = 3\n")
-    _git(work, "add", "-A")
+    git(work, "add", "-A")
     proc = _tool(project, index, "--continue")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "conflict resolved by hand" in proc.stdout
     assert _pin(project) == moved and _extra(project) == ["maxtext[tpu-post-train]==0.2.5.dev1"]
+
+
+def _tool_in(cwd, project, index, *args):
+    """The command run from `cwd`, naming no --project: the checkout is the one holding `cwd`."""
+    env = dict(os.environ, MRL_CACHE_DIR=str(project.parent / "cache"), UV_DEFAULT_INDEX=index.url, UV_OFFLINE="1")
+    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_a_relative_source_a_continue_from_the_work_clone_a_failed_build_and_abort(conflicting_move):
+    """--source as typed (relative) is stored absolute, so --continue run in
+    the work clone the stop sends the person into finds it; a failed --build
+    then says how to go on, as the per-distribution rebase does; --abort
+    restores every file and removes the work clones the move made."""
+    project, index, repo, moved = conflicting_move
+    before = {p: (project / p).read_bytes() for p in ("pyproject.toml", "patches/tpu-inference/pin.toml", "constraints.txt")}
+    relative = os.path.relpath(repo, project)
+    stopped = _tool_in(project, project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={relative}", "--build", "--no-tests")
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert f"--find-base --source {repo}" in stopped.stdout, "the suggestion names the source by its absolute path"
+    work = project / "build" / "rebase" / "tpu-inference"
+    (work / "tpu_inference" / "__init__.py").write_text("A = 3\n")
+    git(work, "add", "-A")
+    failed = _tool_in(work, project, index, "--continue")
+    assert failed.returncode == 3, failed.stdout + failed.stderr
+    assert "is not a git repository" not in failed.stderr, failed.stderr
+    assert _pin(project) == moved, "the stopped pin was carried before the build"
+    assert "the build failed, so constraints.txt is unchanged" in failed.stderr, failed.stderr
+    assert "run scripts/rebase.sh --continue (builds again), or scripts/rebase.sh --abort" in failed.stderr, failed.stderr
+    assert (project / "constraints.txt").read_bytes() == before["constraints.txt"]
+    aborted = _tool_in(project, project, index, "--abort")
+    assert aborted.returncode == 0, aborted.stdout + aborted.stderr
+    assert "work clones removed: build/rebase/tpu-inference" in aborted.stdout
+    assert {p: (project / p).read_bytes() for p in before} == before
+    assert not (project / "build" / "rebase").exists() or not any((project / "build" / "rebase").iterdir()), \
+        list((project / "build" / "rebase").iterdir())
+
+
+def test_versions_are_compared_in_pep_440_s_normal_form_and_an_unknown_one_lists_the_releases(served, tmp_path):
+    folder, index = served
+    version = maxtext_version(ROOT)
+    maxtext_release(folder, version, ROOT_PINS)
+    project = _real_pins_project(tmp_path)
+    for spelled in (f"v{version}", f"{version}.0"):
+        proc = _tool(project, index, "--maxtext", spelled)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"already MaxText {version}'s: nothing changed" in proc.stdout
+    unknown = _tool(project, index, "--maxtext", "9.9.9")
+    assert unknown.returncode == 3
+    assert f"no pure-Python wheel of maxtext 9.9.9; the releases it has: {version}." in unknown.stderr, unknown.stderr
+    assert _changed(project) == ""

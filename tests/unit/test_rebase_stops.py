@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -18,67 +17,17 @@ import pytest
 from maxtext_rl_overlay import buildcache
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import set_pin_values
+from unit.unit_support import SMALL_CODE, commit_files, git, small_patch, small_project, small_upstream
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TPU = pathlib.Path("patches/tpu-inference")
-CODE = "tpu_inference/__init__.py"
-GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@u",
-           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-
-
-def _git(repo: pathlib.Path, *args: str, date: str = "2026-07-27T09:44:06+00:00", **kw) -> str:
-    env = dict(os.environ, **GIT_ENV, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True, **kw).stdout.strip()
-
-
-def _commit(repo: pathlib.Path, files: dict[str, str], message: str, date: str) -> str:
-    for name, text in files.items():
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        (repo / name).write_text(text)
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", message, date=date)
-    return _git(repo, "rev-parse", "HEAD")
-
-
-def _patch_of(repo: pathlib.Path, base: str, text: str, dest: pathlib.Path) -> pathlib.Path:
-    """The series' patch: `text` as CODE on top of `base`, as git format-patch writes it."""
-    _git(repo, "checkout", "-q", "-B", "patch", base)
-    commit = _commit(repo, {CODE: text}, "Set A to 3\n\nUpstream-Status: Pending", "2026-07-28T00:00:00+00:00")
-    dest.write_bytes(subprocess.run(["git", "format-patch", "-1", "--stdout", "--full-index", "--zero-commit", commit], cwd=repo,
-                                    check=True, capture_output=True, env=dict(os.environ, **GIT_ENV)).stdout)
-    return dest
+CODE = SMALL_CODE
 
 
 @pytest.fixture
 def upstream(tmp_path) -> tuple[pathlib.Path, str]:
     """An upstream with the pin (A = 1) and a branch `moved` that changes the line the patch changes."""
-    repo = tmp_path / "upstream"
-    repo.mkdir()
-    _git(repo, "init", "-q", "-b", "main")
-    pin = _commit(repo, {CODE: "A = 1\n", "README.md": "upstream\n"}, "the pin", "2026-07-27T09:44:06+00:00")
-    _git(repo, "checkout", "-q", "-b", "moved")
-    _commit(repo, {CODE: "A = 2\n"}, "A is 2 upstream", "2026-08-01T00:00:00+00:00")
-    _git(repo, "checkout", "-q", "main")
-    return repo, pin
-
-
-def _project(tmp_path: pathlib.Path, repo: pathlib.Path, pin: str, patch: pathlib.Path) -> pathlib.Path:
-    """A git-tracked copy of the project: tpu-inference pinned to `pin` of `repo`, its series `patch` alone."""
-    project = tmp_path / "project"
-    project.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
-        shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(ROOT / "patches", project / "patches")
-    series = project / TPU
-    for old in series.glob("*.patch"):
-        old.unlink()
-    shutil.copy2(patch, series / patch.name)
-    (series / "series").write_text(patch.name + "\n")
-    set_pin_values(series / "pin.toml", {"repository": str(repo), "commit": pin, "tree": _git(repo, "rev-parse", f"{pin}^{{tree}}"),
-                                         "date": _git(repo, "log", "-1", "--format=%cI", pin)})
-    _git(project, "init", "-q", "-b", "main")
-    _commit(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
-    return project
+    return tmp_path / "upstream", small_upstream(tmp_path / "upstream")
 
 
 def _tool(project: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
@@ -91,8 +40,8 @@ def test_a_stopped_rebase_survives_clean(upstream, tmp_path):
     repository fetched into the cache; `clean` removed that repository and
     --continue failed ("not a git repository"). Stopped, it stands alone."""
     repo, pin = upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    project = _project(tmp_path, repo, pin, patch)
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = small_project(tmp_path, repo, pin, patch)
     stopped = _tool(project, "rebase", "tpu-inference", "moved", "--no-tests")
     assert stopped.returncode == 1, stopped.stdout + stopped.stderr
     assert "STOPPED at 0001-Set-A-to-3.patch" in stopped.stdout and "<<<<<<<" in stopped.stdout
@@ -104,11 +53,11 @@ def test_a_stopped_rebase_survives_clean(upstream, tmp_path):
     assert "git" in cleaned.stdout and not (tmp_path / "cache" / "git").exists(), "clean removed the fetched repository"
 
     (work / CODE).write_text("A = 3\n")
-    _git(work, "add", CODE)
+    git(work, "add", CODE)
     done = _tool(project, "rebase", "--continue")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "conflict resolved by hand" in done.stdout
-    moved = _git(repo, "rev-parse", "moved")
+    moved = git(repo, "rev-parse", "moved")
     assert f'commit = "{moved}"' in (project / TPU / "pin.toml").read_text()
     assert "+A = 3" in (project / TPU / "0001-Set-A-to-3.patch").read_text()
 
@@ -119,8 +68,8 @@ def test_clean_is_refused_while_a_rebase_runs(upstream, tmp_path, monkeypatch):
     from maxtext_rl_overlay.rebase import apply
 
     repo, pin = upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    project = _project(tmp_path, repo, pin, patch)
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = small_project(tmp_path, repo, pin, patch)
     cache = tmp_path / "cache"
     refused: list[str] = []
     real = apply.apply_one
@@ -146,10 +95,10 @@ def test_a_patch_that_does_not_apply_at_all_is_not_called_a_conflict_with_marker
     repo, pin = upstream
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    _git(elsewhere, "init", "-q", "-b", "main")
-    base = _commit(elsewhere, {CODE: "B = 1\n"}, "another tree", "2026-07-01T00:00:00+00:00")
-    patch = _patch_of(elsewhere, base, "B = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    project = _project(tmp_path, repo, pin, patch)
+    git(elsewhere, "init", "-q", "-b", "main")
+    base = commit_files(elsewhere, {CODE: "B = 1\n"}, "another tree", "2026-07-01T00:00:00+00:00")
+    patch = small_patch(elsewhere, base, "B = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = small_project(tmp_path, repo, pin, patch)
     stopped = _tool(project, "rebase", "tpu-inference", "moved", "--no-tests")
     assert stopped.returncode == 1, stopped.stdout + stopped.stderr
     text = stopped.stdout
@@ -162,11 +111,32 @@ def test_a_patch_that_does_not_apply_at_all_is_not_called_a_conflict_with_marker
 
 def test_a_fetch_that_fails_says_git_s_words_not_a_python_list(upstream, tmp_path):
     repo, pin = upstream
-    patch = _patch_of(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
-    project = _project(tmp_path, repo, pin, patch)
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = small_project(tmp_path, repo, pin, patch)
     set_pin_values(project / TPU / "pin.toml", {"repository": str(tmp_path / "nowhere")})
-    _commit(project, {}, "an upstream that is not there", "2026-11-02T00:00:00+00:00")
+    commit_files(project, {}, "an upstream that is not there", "2026-11-02T00:00:00+00:00")
     failed = _tool(project, "rebase", "tpu-inference", "moved", "--no-tests")
     assert failed.returncode == 3, failed.stderr
     (line,) = [line for line in failed.stderr.splitlines() if "error:" in line]
     assert "cannot fetch moved from" in line and "['" not in line and "fatal:" in line, line
+
+
+def test_a_relative_source_is_taken_as_an_absolute_path(upstream, tmp_path):
+    """--source as typed, relative to where the command runs, is stored and
+    shown as an absolute path: the stop's suggestions and --continue work
+    from anywhere, the work clone included."""
+    repo, pin = upstream
+    patch = small_patch(repo, pin, "A = 3\n", tmp_path / "0001-Set-A-to-3.patch")
+    project = small_project(tmp_path, repo, pin, patch)
+    env = dict(os.environ, MRL_CACHE_DIR=str(tmp_path / "cache"))
+    stopped = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", "tpu-inference", "moved", "--source", "upstream",
+                              "--no-tests", "--project", str(project)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert f"--find-base --source {repo}\n" in stopped.stdout, stopped.stdout
+    work = project / "build" / "rebase" / "tpu-inference"
+    (work / CODE).write_text("A = 3\n")
+    git(work, "add", CODE)
+    done = subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", "--continue"], cwd=work, capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"scripts/build-wheels.sh --source tpu-inference={repo}\n" in done.stdout, done.stdout

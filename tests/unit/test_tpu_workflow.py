@@ -73,3 +73,48 @@ def test_smoke_wheels_script_refuses_what_it_cannot_use(tmp_path):
     empty = subprocess.run([str(script), "--wheels", str(tmp_path), "--json", str(tmp_path / "s.json")], capture_output=True, text=True)
     assert empty.returncode == 3 and "has no constraints.txt" in empty.stderr, empty.stderr
     assert not (tmp_path / "s.json").exists()
+
+
+def test_smoke_wheels_script_says_an_install_that_failed_and_exits_3(tmp_path):
+    """uv's status 1 would read as "a check failed": an install that fails
+    is status 3 (cannot run), said so. The index here names a distribution
+    it does not hold, and uv is offline."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    # The script in a checkout whose tool venv is the one running this test (the rebase's fast tests run
+    # tests/unit in a project copy that has no .venv of its own).
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    for name in ("smoke-wheels.sh", "lib.sh"):
+        shutil.copy2(ROOT / "scripts" / name, checkout / "scripts" / name)
+    (checkout / ".venv").symlink_to(sys.prefix)
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "constraints.txt").write_text("--find-links .\nmaxtext-rl-overlay==0.0.1\n")
+    (tmp_path / "tmp").mkdir()
+    env = dict(os.environ, UV_OFFLINE="1", UV_NO_CONFIG="1", UV_CACHE_DIR=str(tmp_path / "uv-cache"), TMPDIR=str(tmp_path / "tmp"))
+    done = subprocess.run([str(checkout / "scripts" / "smoke-wheels.sh"), "--wheels", str(tmp_path / "dist"), "--json", str(tmp_path / "s.json")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 3, done.stderr
+    assert "scripts/smoke-wheels.sh: installing -c" in done.stderr and "failed (uv exited 1), so the smoke did not run" in done.stderr
+    assert not (tmp_path / "s.json").exists()
+    assert list((tmp_path / "tmp").iterdir()) == [], "its scratch folder removed"
+
+
+def test_every_job_that_runs_setup_sh_sets_up_python_3_12_before_it():
+    """setup.sh needs a Python 3.12 on the runner (a self-hosted TPU VM's
+    included): actions/setup-python first, in every workflow."""
+    seen = 0
+    for workflow in sorted((ROOT / ".github" / "workflows").glob("*.yml")):
+        for name, job in yaml.safe_load(workflow.read_text())["jobs"].items():
+            steps = job.get("steps", [])
+            setup = [i for i, s in enumerate(steps) if "scripts/setup.sh" in s.get("run", "")]
+            if not setup:
+                continue
+            seen += 1
+            python = [i for i, s in enumerate(steps) if s.get("uses", "").startswith("actions/setup-python")
+                      and str(s["with"]["python-version"]) == "3.12"]
+            assert python and python[0] < setup[0], f"{workflow.name}: job {name} runs setup.sh without setup-python 3.12 before it"
+    assert seen >= 5, "the workflows' jobs that run setup.sh were found"

@@ -15,15 +15,32 @@ import http.server
 import os
 import pathlib
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import zipfile
 from collections.abc import Iterator
 
+from maxtext_rl_overlay import interrupts
+
 #: The checkout the fast tests test.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: The tool venv's uv (scripts/setup.sh installs it there).
 UV = shutil.which("uv") or str(pathlib.Path(sys.executable).parent / "uv")
+
+
+def default_signals() -> None:
+    """`preexec_fn` of a test that starts the tool and signals it: the
+    signals the tool stops on (`interrupts.SIGNALS`) at their defaults in the
+    child. A child inherits ignored signals, and a background job of a
+    non-interactive shell starts its children with SIGINT and SIGQUIT
+    ignored; the tool rightly keeps an ignored signal ignored, so without
+    this such a test would hang, or its build run on, depending on how the
+    suite was started. (Runs in the child, after the fork: it imports
+    nothing.)"""
+    for sig in interrupts.SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def fake_wheel(folder: pathlib.Path, name: str, version: str, requires_python: str | None = ">=3.12", extra: str = "") -> pathlib.Path:
@@ -211,3 +228,86 @@ def maxtext_version(root: pathlib.Path) -> str:
 
     (text,) = load_project(root).metadata["optional-dependencies"]["maxtext"]
     return text.rsplit("==", 1)[1]
+
+
+# -- small upstream git repositories and git-tracked project copies ----------
+
+#: A git identity, and no user or system git configuration.
+GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@u",
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+
+
+def git(repo: pathlib.Path, *args: str, date: str = "2026-07-27T09:44:06+00:00", **kw) -> str:
+    env = dict(os.environ, **GIT_ENV, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True, **kw).stdout.strip()
+
+
+def commit_files(repo: pathlib.Path, files: dict[str, str], message: str, date: str) -> str:
+    """Write `files` (path: text) in `repo` and commit everything: the commit id."""
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "--allow-empty", "-m", message, date=date)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def patch_of(repo: pathlib.Path, base: str, files: dict[str, str], message: str, dest: pathlib.Path) -> pathlib.Path:
+    """A series' patch: `files` changed on top of `base` (on a branch `patch`,
+    left checked out), as git format-patch writes it (--full-index, no commit
+    id), with an Upstream-Status trailer."""
+    git(repo, "checkout", "-q", "-B", "patch", base)
+    commit = commit_files(repo, files, f"{message}\n\nUpstream-Status: Pending", "2026-07-28T00:00:00+00:00")
+    dest.write_bytes(subprocess.run(["git", "format-patch", "-1", "--stdout", "--full-index", "--zero-commit", commit], cwd=repo,
+                                    check=True, capture_output=True, env=dict(os.environ, **GIT_ENV)).stdout)
+    return dest
+
+
+def pin_series(project: pathlib.Path, dist: str, repo: pathlib.Path, pin: str, patches: list[pathlib.Path]) -> None:
+    """Pin `dist` of the project copy to commit `pin` of `repo`, its series `patches` alone."""
+    from maxtext_rl_overlay.pins import set_pin_values
+
+    series = project / "patches" / dist
+    for old in series.glob("*.patch"):
+        old.unlink()
+    for patch in patches:
+        shutil.copy2(patch, series / patch.name)
+    (series / "series").write_text("".join(p.name + "\n" for p in patches))
+    set_pin_values(series / "pin.toml", {"repository": str(repo), "commit": pin, "tree": git(repo, "rev-parse", f"{pin}^{{tree}}"),
+                                         "date": git(repo, "log", "-1", "--format=%cI", pin)})
+
+
+#: The code file of the small tpu-inference upstream below.
+SMALL_CODE = "tpu_inference/__init__.py"
+
+
+def small_upstream(repo: pathlib.Path) -> str:
+    """A small tpu-inference upstream in `repo`: the pin (A = 1) on main, and
+    a branch `moved` that changes the line the series' patch changes (A = 2).
+    The pin's commit."""
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    pin = commit_files(repo, {SMALL_CODE: "A = 1\n", "README.md": "upstream\n"}, "the pin", "2026-07-27T09:44:06+00:00")
+    git(repo, "checkout", "-q", "-b", "moved")
+    commit_files(repo, {SMALL_CODE: "A = 2\n"}, "A is 2 upstream", "2026-08-01T00:00:00+00:00")
+    git(repo, "checkout", "-q", "main")
+    return pin
+
+
+def small_patch(repo: pathlib.Path, base: str, text: str, dest: pathlib.Path) -> pathlib.Path:
+    """The series' patch: `text` as SMALL_CODE on top of `base`."""
+    return patch_of(repo, base, {SMALL_CODE: text}, "Set A to 3", dest)
+
+
+def small_project(tmp_path: pathlib.Path, repo: pathlib.Path, pin: str, patch: pathlib.Path) -> pathlib.Path:
+    """A git-tracked copy of the project (tmp_path/project): tpu-inference
+    pinned to `pin` of `repo`, its series `patch` alone."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
+        shutil.copy2(ROOT / name, project / name)
+    shutil.copytree(ROOT / "patches", project / "patches")
+    pin_series(project, "tpu-inference", repo, pin, [patch])
+    git(project, "init", "-q", "-b", "main")
+    commit_files(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
+    return project

@@ -27,7 +27,10 @@ the head of `queue` is the distribution whose own rebase stopped (its state is
 build/rebase/state/, as ever). `--continue` resumes that one and carries on
 with the rest; `--abort` aborts it and restores every file of the whole move,
 pyproject.toml included, from the backup taken before the first change
-(build/rebase/release/backup/). A later field is added with a default in
+(build/rebase/release/backup/), and removes the work clones of the move. A
+failed --build leaves the state too: --continue builds again. The --source
+paths come absolute (the command line resolves them), so --continue runs
+from anywhere in the checkout, the work clone included. A later field is added with a default in
 ReleaseState, so an older state still loads.
 """
 
@@ -43,6 +46,7 @@ import zipfile
 from typing import Any
 
 from packaging.requirements import Requirement
+from packaging.utils import parse_wheel_filename
 
 from .. import buildcache, registry, sources, tomledit
 from ..errors import OverlayError
@@ -125,8 +129,9 @@ def plan(root: pathlib.Path, version: str, given: dict[str, str], cache: pathlib
     options = project.options.maxtext
     requirement = maxtext_requirement(project.metadata.get("optional-dependencies", {}), options, str(root / "pyproject.toml"))
     (extra,) = requirement.extras
-    wanted = f"{requirement.name}[{extra}]=={version}"
     wheel = registry.release_wheel(requirement.name, version, cache / "releases")
+    version = str(parse_wheel_filename(wheel.name)[1])  # v0.2.4, 0.2.4.0: the release's own 0.2.4
+    wanted = f"{requirement.name}[{extra}]=={version}"
     named = release_commits(wheel)
     unknown = sorted(set(given) - set(DISTRIBUTIONS))
     if unknown:
@@ -184,6 +189,7 @@ class ReleaseState:
     run_tests: bool = True
     cache: str = ""
     seconds: float = 0.0
+    clones: list[str] = dataclasses.field(default_factory=list)  # the distributions whose work clones the move makes
 
 
 @dataclasses.dataclass
@@ -230,7 +236,7 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
     with buildcache.using(cache):  # the release wheel goes into it; `clean` waits
         the_plan = plan(root, opts.version, opts.sources, cache)
     if the_plan.unchanged:
-        return ReleaseReport("\n".join(the_plan.lines()) + f"\n\nThe pins and the `maxtext` extra are already MaxText {opts.version}'s: nothing changed.")
+        return ReleaseReport("\n".join(the_plan.lines()) + f"\n\nThe pins and the `maxtext` extra are already MaxText {the_plan.version}'s: nothing changed.")
     pins = load_project(root).pins
     touched = sorted({t for m in the_plan.moving for t in pins[m.name].rebase.touched(m.name)} | {"pyproject.toml"})
     folder = _dir(root)
@@ -238,9 +244,9 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     state.backup(root, folder, touched)  # before the first change: --abort restores the whole move from it
-    run = ReleaseState(opts.version, list(the_plan.extra), [{"name": m.name, "commit": m.new, "source": m.source} for m in the_plan.moving],
+    run = ReleaseState(the_plan.version, list(the_plan.extra), [{"name": m.name, "commit": m.new, "source": m.source} for m in the_plan.moving],
                        the_plan.lines(), touched=touched, sources=dict(opts.sources), build=opts.build, standins=opts.standins,
-                       run_tests=opts.run_tests, cache=str(cache))
+                       run_tests=opts.run_tests, cache=str(cache), clones=[m.name for m in the_plan.moving])
     _save(root, run)
     return _advance(root, run, began)
 
@@ -256,8 +262,16 @@ def abort(root: pathlib.Path) -> str:
     if state.Paths(root, "").state_file.is_file():
         machine.abort(root)  # the stopped distribution's work clone and state
     state.restore(root, _dir(root), run.touched)
+    removed = []
+    for name in run.clones:  # the finished moves' work clones too
+        paths = state.Paths(root, name)
+        for folder in (paths.work, paths.find):
+            if folder.exists():
+                shutil.rmtree(folder)
+                removed.append(str(folder.relative_to(root)))
     shutil.rmtree(_dir(root))
-    return f"rebase --maxtext {run.version} aborted: {', '.join(run.touched)} restored from the backup taken before the first change."
+    return (f"rebase --maxtext {run.version} aborted: {', '.join(run.touched)} restored from the backup taken before the first change"
+            + (f"; work clones removed: {', '.join(removed)}." if removed else "."))
 
 
 def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseReport:
@@ -305,5 +319,12 @@ def _build(root: pathlib.Path, run: ReleaseState) -> None:
     from ..build import BuildOptions, build
 
     with step("maxtext", f"building the wheels and constraints.txt for MaxText {run.version}"):
-        build(BuildOptions(project_root=root, sources=dict(run.sources), cache=pathlib.Path(run.cache),
-                           torch_standin=run.standins, allow_unpinned=run.standins))
+        try:
+            build(BuildOptions(project_root=root, sources=dict(run.sources), cache=pathlib.Path(run.cache),
+                               torch_standin=run.standins, allow_unpinned=run.standins))
+        except OverlayError as exc:
+            raise OverlayError(
+                f"{exc}\nThe rebased series, the pins and pyproject.toml's `maxtext` extra are written (MaxText {run.version}); "
+                "the build failed, so constraints.txt is unchanged. Fix the cause and run scripts/rebase.sh --continue "
+                "(builds again), or scripts/rebase.sh --abort (restores the whole move)."
+            ) from None
