@@ -301,7 +301,8 @@ def _parser() -> argparse.ArgumentParser:
                         "or a source tree or archive (default: fetch the pinned commit with git)")
     b.add_argument("--only", type=_only_arg, metavar="NAME[,NAME...]", help=f"build only these upstreams, of {names} (maxtext-rl-overlay is always built)")
     b.add_argument("--out", type=pathlib.Path, metavar="DIR", help="where the index goes (default: dist/ in the project)")
-    b.add_argument("--constraints", type=pathlib.Path, metavar="FILE", help="where constraints.txt goes (default: the project's)")
+    b.add_argument("--constraints", type=pathlib.Path, metavar="FILE", help="where constraints.txt goes (default: the project's); an existing file is replaced "
+                        "only if it is empty or a constraints file the tool wrote")
     b.add_argument("--unpinned", action="store_true", help="accept source trees that are not the pinned tree, labelled as stand-ins")
     b.add_argument("--torch-standin", action="store_true",
                    help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index "

@@ -24,7 +24,7 @@ from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
-from .staging import check_replaceable, check_writable, scratch_dir, staged_dir, staged_file
+from .staging import check_replaceable, check_replaceable_file, check_writable, scratch_dir, staged_dir, staged_file
 
 
 @dataclasses.dataclass
@@ -83,7 +83,8 @@ def _check_destinations(project: Project, out: pathlib.Path, constraints: pathli
     """Refuse, before any work, a destination the build would destroy or
     could not write: `--out` is replaced whole, so it must not be (or hold)
     a folder the user needs, nor anything but an index the tool made;
-    `--constraints` is replaced too, and must not be inside `--out`."""
+    `--constraints` is replaced too, so it must be absent, empty or a
+    constraints file the tool wrote, and not inside `--out`."""
     home = pathlib.Path.home()
     kept = {"the project": project.root, "the current folder": pathlib.Path.cwd(), "$HOME": home, "the cache (MRL_CACHE_DIR)": cache}
     for flag, path in (("--out", out), ("--constraints", constraints)):
@@ -99,6 +100,7 @@ def _check_destinations(project: Project, out: pathlib.Path, constraints: pathli
     check_replaceable(out, publish.INDEX_MARKER)
     check_writable(out, folder=True)
     check_writable(constraints)
+    check_replaceable_file(constraints, publish.CONSTRAINTS_FILE, flag="--constraints")
 
 
 def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathlib.Path, base: str | None, out: pathlib.Path,
@@ -150,6 +152,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
                                                                               made_by=made_by, inputs=inputs))
             text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs)
             after_the_index.enter_context(staged_file(constraints_path, text))
+            # Again, before the index moves (a refusal after it would leave a mix): the file may have changed meanwhile.
+            check_replaceable_file(constraints_path, publish.CONSTRAINTS_FILE, flag="--constraints")
             publishing.begin()  # the last point where an interrupt leaves the previous build in place
     for name, entry in entries.items():
         step.note("build", _source_line(name, entry, project.pins[name], opts.sources.get(name)))

@@ -17,15 +17,17 @@ one is an OverlayError naming it ("cannot write X: reason"), never a bug."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import pathlib
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from . import interrupts
 from .errors import OverlayError
@@ -92,6 +94,57 @@ def check_replaceable(dest: pathlib.Path, marker: str) -> None:
         f"{dest} is a folder the tool did not make (it has files and no {marker}): it is not replaced, since everything in it "
         "would be removed. Name an absent or empty folder, or one an earlier build made (an index made before builds "
         f"marked theirs has no {marker}: remove it by hand)."
+    )
+
+
+#: How much of an existing file a `FileOwner` is shown: its header is at the top.
+HEAD_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class FileOwner:
+    """How to tell a file the tool wrote, for check_replaceable_file: `what`
+    it is (for the message, "a constraints file"), `mark` (what such a file
+    carries, for the message), and `owns`, given the file's first HEAD_BYTES
+    bytes, True when it is one the tool wrote."""
+
+    what: str
+    mark: str
+    owns: Callable[[bytes], bool]
+
+    @classmethod
+    def first_line(cls, what: str, line: str) -> FileOwner:
+        """Files the tool writes with `line` as their first line."""
+        return cls(what, f"the first line {line!r}", lambda head: head.split(b"\n", 1)[0] == line.encode())
+
+
+def check_replaceable_file(dest: pathlib.Path, owner: FileOwner, *, flag: str = "") -> None:
+    """Refuse (OverlayError) to replace the file `dest` unless it is absent,
+    empty, or one the tool wrote (`owner` says how to tell): a typo must not
+    cost a user's README or pyproject.toml. `flag` (`--constraints`) names
+    the option the path came from. Call it before any work, and again just
+    before the write (staged_file's `owner`): the file may change meanwhile."""
+    try:
+        st = os.stat(dest)
+    except FileNotFoundError:
+        return
+    except OSError:
+        return  # not reachable: check_writable says why, naming it
+    if stat.S_ISDIR(st.st_mode):
+        return  # check_writable refuses a folder, naming it
+    said = f"{flag} {dest}" if flag else str(dest)
+    if not stat.S_ISREG(st.st_mode):
+        raise OverlayError(f"{said} is not a regular file: it is not replaced. Name an absent or empty file, or {owner.what} "
+                           "the tool wrote.")
+    if st.st_size == 0:
+        return
+    with cannot_write(dest), open(dest, "rb") as f:
+        head = f.read(HEAD_BYTES)
+    if owner.owns(head):
+        return
+    raise OverlayError(
+        f"{said} is not {owner.what} the tool wrote (it lacks {owner.mark}): it is not replaced, since what it holds would be "
+        f"lost. Name an absent or empty file, or {owner.what} an earlier run wrote; if this one is, remove it by hand."
     )
 
 
@@ -166,20 +219,23 @@ def remove_tree(path: pathlib.Path) -> bool:
         return False
 
 
-def write_atomically(path: pathlib.Path, data: str | bytes) -> None:
-    """Write a file in one rename: a reader sees the old content or the new."""
-    with staged_file(path, data):
+def write_atomically(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | None = None) -> None:
+    """Write a file in one rename: a reader sees the old content or the new.
+    With `owner`, an existing file is replaced only if check_replaceable_file
+    lets it."""
+    with staged_file(path, data, owner=owner):
         pass
 
 
 @contextlib.contextmanager
-def staged_file(path: pathlib.Path, data: str | bytes) -> Iterator[None]:
+def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | None = None) -> Iterator[None]:
     """Write `data` to a file beside `path` now; move it to `path` when the
     block ends without an exception (a reader sees the old content or the
     new), remove it when one escapes. The file has the mode the umask gives
     (0644 under the usual 022), not mkstemp's 0600: what the tool publishes
     is read by others (a web server, another user). An OSError is an
-    OverlayError naming `path`."""
+    OverlayError naming `path`. With `owner`, an existing `path` is replaced
+    only if check_replaceable_file lets it, checked just before the rename."""
     with cannot_write(path):
         fd, tmp = _create_beside(path)
     try:
@@ -187,6 +243,8 @@ def staged_file(path: pathlib.Path, data: str | bytes) -> Iterator[None]:
             with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
                 f.write(data)
         yield
+        if owner is not None:
+            check_replaceable_file(path, owner)
         with cannot_write(path):
             os.replace(tmp, path)
     except BaseException:

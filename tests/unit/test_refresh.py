@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import json
 import pathlib
 import shlex
 import sys
 
+import pytest
 import yaml
+
+from maxtext_rl_overlay.errors import OverlayError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("refresh", ROOT / "scripts" / "refresh.py")
@@ -91,3 +95,27 @@ def test_the_workflow_runs_the_script_weekly_and_on_demand_and_opens_its_pull_re
     assert ".venv/bin/python" in commands and any("scripts/refresh.py" in run for run in runs)
     assert any("gh pr create" in run and "--body-file" in run for run in runs), runs
     assert all(len(run.splitlines()) <= 12 for run in runs), "the logic lives in scripts/refresh.py, not the YAML"
+
+
+def test_the_refresh_replaces_only_its_own_outputs(tmp_path):
+    """pr.md and pr.json in --work: a user's file of that name is refused
+    before any work (status 3 in main), the refresh's own is replaced."""
+    pr = {"branch": "refresh/x", "title": "Refresh: x", "draft": False, "body": "the body\n"}
+    refresh.check_outputs(tmp_path)  # absent
+    refresh.write_pull_request(tmp_path, pr)
+    assert (tmp_path / "pr.md").read_text() == refresh.MD_MARK + "\nthe body\n"
+    assert json.loads((tmp_path / "pr.json").read_text()) == {"branch": "refresh/x", "title": "Refresh: x", "draft": False,
+                                                             "written_by": refresh.JSON_MARK}
+    refresh.check_outputs(tmp_path)  # its own
+    refresh.write_pull_request(tmp_path, dict(pr, body="again\n"))
+    assert (tmp_path / "pr.md").read_text() == refresh.MD_MARK + "\nagain\n"
+    for name, foreign in (("pr.md", "my notes\n"), ("pr.json", '{"branch": "mine"}')):
+        (tmp_path / name).write_text(foreign)
+        with pytest.raises(OverlayError, match=f"{tmp_path / name} is not a pull request (body|record) the tool wrote"):
+            refresh.check_outputs(tmp_path)
+        with pytest.raises(OverlayError):
+            refresh.write_pull_request(tmp_path, pr)
+        assert (tmp_path / name).read_text() == foreign
+        (tmp_path / name).write_text("")  # empty: replaced
+    refresh.check_outputs(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pr.json", "pr.md"]
