@@ -49,20 +49,22 @@ def staged_dir(dest: pathlib.Path, *, replace: str | None = None, mode: int | No
     mix, and then removed; any other is refused and left as it was (see
     check_replaceable), and a failure to put the folder in place is an
     OverlayError naming `dest`."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{dest.name}{PARTIAL}", dir=dest.parent))
+    with room_for(dest):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{dest.name}{PARTIAL}", dir=dest.parent))
     if mode is not None:
         tmp.chmod(mode)  # mkdtemp makes it 0700
     try:
-        yield tmp
-        interrupts.check()
-        with interrupts.held():
-            if replace is None:
-                os.replace(tmp, dest)
-            else:
-                check_replaceable(dest, replace)  # again: it may have changed during the block
-                with cannot_write(dest):
-                    replace_dir(tmp, dest)
+        with room_for(dest, tmp):
+            yield tmp
+            interrupts.check()
+            with interrupts.held():
+                if replace is None:
+                    os.replace(tmp, dest)
+                else:
+                    check_replaceable(dest, replace)  # again: it may have changed during the block
+                    with cannot_write(dest):
+                        replace_dir(tmp, dest)
     except BaseException:
         remove_tree(tmp)
         raise
@@ -171,10 +173,13 @@ def check_writable(dest: pathlib.Path, *, folder: bool = False) -> None:
 @contextlib.contextmanager
 def cannot_write(dest: pathlib.Path) -> Iterator[None]:
     """An OSError in the block is an OverlayError naming `dest`, the
-    destination it was writing, and the system's reason."""
+    destination it was writing, and the system's reason (NoSpace for a full
+    filesystem or quota)."""
     try:
         yield
     except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise NoSpace(_no_space(dest, exc, dest)) from None
         reason = exc.strerror or str(exc)
         # The file it names, unless that is `dest` or a staging file beside it (a random name says nothing).
         name = os.fsdecode(exc.filename) if exc.filename is not None else str(dest)
@@ -183,14 +188,64 @@ def cannot_write(dest: pathlib.Path) -> Iterator[None]:
         raise OverlayError(f"cannot write {dest}: {reason}.") from None
 
 
+#: The errors of a filesystem without room for what is written: no space
+#: left on the device, or the user's disk quota reached.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class NoSpace(OverlayError):
+    """A write failed for want of room (NO_SPACE). What was being made was
+    staged, so it is removed on the way out and the destination is as it was;
+    the message names the path and says so."""
+
+
+@contextlib.contextmanager
+def room_for(dest: pathlib.Path, staging: pathlib.Path | None = None) -> Iterator[None]:
+    """A full filesystem (NO_SPACE) in the block is NoSpace naming `dest`,
+    what the block makes (in `staging`, beside it), or the other path the
+    failed call names; every other error passes as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in NO_SPACE:
+            raise
+        raise NoSpace(_no_space(dest, exc, staging)) from None
+
+
+def _no_space(dest: pathlib.Path, exc: OSError, staging: pathlib.Path | None) -> str:
+    """ "no space left on device: cannot write X ..." for a full filesystem:
+    X is `dest`, unless the failed call names a path outside `staging` (and
+    not beside `dest`): then that path, where the room ran out."""
+    said = exc.filename2 if exc.filename2 is not None else exc.filename  # a copy names its source, then what it wrote
+    path = str(dest)
+    if said is not None:
+        name = os.fsdecode(said)
+        inside = staging is not None and (name == str(staging) or name.startswith(f"{staging}{os.sep}"))
+        if not (inside or name == str(dest) or name.startswith(f"{dest}.")):
+            path = name
+    why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+    return (f"{why}: cannot write {path}. Free space on its filesystem (df {_existing(pathlib.Path(path).parent)}) or name another place; "
+            "what was being written there was removed, and what was there before is as it was.")
+
+
+def _existing(path: pathlib.Path) -> pathlib.Path:
+    """The nearest folder of `path` that exists (what df can be given)."""
+    for folder in (path, *path.parents):
+        if folder.is_dir():
+            return folder
+    return path
+
+
 @contextlib.contextmanager
 def scratch_dir(prefix: str) -> Iterator[pathlib.Path]:
     """A private temporary folder, removed when the block ends, however it
     ends; unlike tempfile.TemporaryDirectory, the removal cannot raise over
     the exception that ends the block."""
-    path = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    with room_for(pathlib.Path(tempfile.gettempdir()) / f"{prefix}..."):
+        path = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        yield path
+        with room_for(path, path):
+            yield path
     finally:
         remove_tree(path)
 
