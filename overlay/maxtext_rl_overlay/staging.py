@@ -17,10 +17,15 @@ one is an OverlayError naming it ("cannot write X: reason"), never a bug."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import errno
+import functools
+import hashlib
+import json
 import os
 import pathlib
+import re
 import secrets
 import shutil
 import stat
@@ -28,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from . import interrupts
 from .errors import OverlayError
@@ -37,7 +43,8 @@ PARTIAL = ".partial-"
 
 
 @contextlib.contextmanager
-def staged_dir(dest: pathlib.Path, *, replace: str | None = None, mode: int | None = None) -> Iterator[pathlib.Path]:
+def staged_dir(dest: pathlib.Path, *, replace: str | None = None, mode: int | None = None,
+               then: Callable[[], None] | None = None) -> Iterator[pathlib.Path]:
     """Yield an empty folder beside `dest`; move it to `dest` when the block
     ends without an exception, remove it when one escapes.
 
@@ -48,9 +55,18 @@ def staged_dir(dest: pathlib.Path, *, replace: str | None = None, mode: int | No
     is swapped out so that a reader sees the old or the new folder, never a
     mix, and then removed; any other is refused and left as it was (see
     check_replaceable), and a failure to put the folder in place is an
-    OverlayError naming `dest`."""
+    OverlayError naming `dest`. A replaced folder (a published index) is
+    flushed to the disk before the swap (`sync_tree`), and the swap after it;
+    `then` runs right after the swap, before the old folder is removed (the
+    constraints file that goes with an index: the two are apart for as
+    short a time as two renames can be).
+
+    The caller holds a lock that every writer of `dest` takes (or `dest` is
+    its own private path): what a killed run left beside `dest` is then
+    that run's, and is cleared first (see recover)."""
     with room_for(dest):
         dest.parent.mkdir(parents=True, exist_ok=True)
+        recover(dest)
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"{dest.name}{PARTIAL}", dir=dest.parent))
     if mode is not None:
         tmp.chmod(mode)  # mkdtemp makes it 0700
@@ -58,28 +74,146 @@ def staged_dir(dest: pathlib.Path, *, replace: str | None = None, mode: int | No
         with room_for(dest, tmp):
             yield tmp
             interrupts.check()
+            if replace is not None:
+                sync_tree(tmp)
             with interrupts.held():
                 if replace is None:
                     os.replace(tmp, dest)
+                    if then is not None:
+                        then()
                 else:
                     check_replaceable(dest, replace)  # again: it may have changed during the block
                     with cannot_write(dest):
-                        replace_dir(tmp, dest)
+                        replace_dir(tmp, dest, then=functools.partial(_after_swap, dest.parent, then))
     except BaseException:
         remove_tree(tmp)
         raise
 
 
-def replace_dir(new: pathlib.Path, dest: pathlib.Path) -> None:
-    """Put `new` where `dest` is, in two renames (the old one is removed last)."""
-    with interrupts.held():  # between the renames `dest` is missing
+def _after_swap(folder: pathlib.Path, then: Callable[[], None] | None) -> None:
+    _sync_dir(folder)  # the swap on the disk
+    if then is not None:
+        then()
+
+
+#: What a folder that replace_dir moves aside is named after (its only entry is "x").
+OLD = ".old-"
+
+
+def replace_dir(new: pathlib.Path, dest: pathlib.Path, then: Callable[[], None] | None = None) -> None:
+    """Put `new` where `dest` is, run `then` (what must follow at once), and
+    remove the old one. Where the system
+    and filesystem can (Linux's renameat2 RENAME_EXCHANGE: ext4, xfs, btrfs,
+    tmpfs, ...), the two are exchanged in one atomic step, so `dest` is the
+    old folder or the new one at every instant, a killed process included;
+    elsewhere in two renames, between which `dest` is missing (a signal
+    waits for both; a SIGKILL there leaves the old folder in `dest.old-*/x`,
+    which recover puts back)."""
+    with interrupts.held():
         old = None
-        if dest.exists():
-            old = pathlib.Path(tempfile.mkdtemp(prefix=dest.name + ".old-", dir=dest.parent))
-            os.replace(dest, old / "x")
-        os.replace(new, dest)
+        if os.path.lexists(dest) and _exchange(new, dest):
+            old = new  # the old folder, now at `new`'s name
+        else:
+            if os.path.lexists(dest):
+                old = pathlib.Path(tempfile.mkdtemp(prefix=f"{dest.name}{OLD}", dir=dest.parent))
+                os.replace(dest, old / "x")
+            os.replace(new, dest)
+        if then is not None:
+            then()
     if old is not None:
         remove_tree(old)
+
+
+#: renameat2's flag (linux/fs.h) and "the current folder" for its fds.
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+@functools.cache
+def _renameat2() -> Any:
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    except OSError:
+        return None
+
+
+def _exchange(a: pathlib.Path, b: pathlib.Path) -> bool:
+    """Swap the paths `a` and `b` atomically; False where the system or the
+    filesystem cannot (nothing moved then)."""
+    call = _renameat2()
+    if call is None:
+        return False
+    if call(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+#: A staged file's name: its destination's, a dot and 8 hex digits (_create_beside).
+_STAGED_FILE = re.compile(r"\.[0-9a-f]{8}")
+
+
+def recover(dest: pathlib.Path) -> list[str]:
+    """Clear what a run killed while writing `dest` left beside it (a
+    SIGKILL, the OOM killer, a lost machine: no cleanup ran), and return its
+    names: a staging folder `dest.partial-*` or file `dest.<8 hex>` is
+    removed, never mistaken for a result; an old folder `dest.old-*/x` that
+    replace_dir had moved aside is put back if `dest` is missing (the two
+    renames were cut between), else removed. Only for a caller holding the
+    lock every writer of `dest` takes: what is there is no live run's."""
+    found: list[str] = []
+    try:
+        beside = sorted(dest.parent.iterdir())
+    except FileNotFoundError:
+        return found
+    for path in beside:
+        rest = path.name[len(dest.name):] if path.name.startswith(dest.name) else ""
+        if rest.startswith(OLD) and path.is_dir() and not path.is_symlink():
+            if not os.path.lexists(dest) and os.path.lexists(path / "x"):
+                os.replace(path / "x", dest)
+                found.append(f"{path.name} (put back as {dest.name})")
+            else:
+                found.append(path.name)
+            remove_tree(path)
+        elif rest.startswith(PARTIAL) and path.is_dir() and not path.is_symlink():
+            found.append(path.name)
+            remove_tree(path)
+        elif _STAGED_FILE.fullmatch(rest) and path.is_file() and not path.is_symlink():
+            found.append(path.name)
+            path.unlink(missing_ok=True)
+    if found:
+        print(f"maxtext-rl-overlay: cleared what a stopped run left beside {dest}: {', '.join(found)}", file=sys.stderr, flush=True)
+    return found
+
+
+def sync_tree(root: pathlib.Path) -> None:
+    """fsync every file and folder under `root` (and `root`): what is then
+    renamed into place is on the disk before its name is, so a machine that
+    loses power after the rename finds the whole folder, not empty files."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        _sync_dir(pathlib.Path(folder))
+
+
+def _sync_dir(folder: pathlib.Path) -> None:
+    """fsync a folder: the names in it (a rename into it) reach the disk."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # a filesystem that cannot sync a folder: nothing more to do there
+        if exc.errno not in (errno.EINVAL, errno.EROFS, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 def check_replaceable(dest: pathlib.Path, marker: str) -> None:
@@ -283,9 +417,9 @@ def write_atomically(path: pathlib.Path, data: str | bytes, *, owner: FileOwner 
 
 
 @contextlib.contextmanager
-def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | None = None) -> Iterator[None]:
-    """Write `data` to a file beside `path` now; move it to `path` when the
-    block ends without an exception (a reader sees the old content or the
+def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | None = None) -> Iterator[pathlib.Path]:
+    """Write `data` to a file beside `path` now (the block is given its
+    name); move it to `path` when the block ends without an exception (a reader sees the old content or the
     new), remove it when one escapes. The file has the mode the umask gives
     (0644 under the usual 022), not mkstemp's 0600: what the tool publishes
     is read by others (a web server, another user). An OSError is an
@@ -297,11 +431,14 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
         with cannot_write(path):
             with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
                 f.write(data)
-        yield
+                f.flush()
+                os.fsync(f.fileno())  # on the disk before its name is (a lost machine finds the old or the new file)
+        yield pathlib.Path(tmp)
         if owner is not None:
             check_replaceable_file(path, owner)
         with cannot_write(path):
             os.replace(tmp, path)
+            _sync_dir(path.parent)
     except BaseException:
         with interrupts.held(raise_after=False):
             pathlib.Path(tmp).unlink(missing_ok=True)
@@ -317,3 +454,65 @@ def _create_beside(path: pathlib.Path) -> tuple[int, str]:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:
             continue
+
+
+# -- a folder and a file published together --------------------------------
+
+#: The record of a publication in progress, beside its file: `.NAME.publishing`.
+_JOURNAL = ".publishing"
+
+
+def _journal(path: pathlib.Path) -> pathlib.Path:
+    return path.parent / f".{path.name}{_JOURNAL}"
+
+
+def begin_pair(folder: pathlib.Path, mark: str, digest: str, staged: pathlib.Path, path: pathlib.Path) -> None:
+    """Record, before a folder is swapped in and the file `staged` renamed
+    to `path` after it, what the new folder is: its file `mark` has the
+    sha256 `digest`. The two renames cannot be one; a run killed between
+    them leaves this record, and the next run (finish_pair) moves the file
+    into place if the folder is the new one, so that the pair is whole
+    again before anything else is written."""
+    record = {"folder": str(folder), "mark": mark, "sha256": digest, "staged": staged.name}
+    write_atomically(_journal(path), json.dumps(record, sort_keys=True) + "\n")
+
+
+def end_pair(path: pathlib.Path) -> None:
+    """The publication begun by begin_pair is whole: its record goes."""
+    with interrupts.held(raise_after=False):
+        _journal(path).unlink(missing_ok=True)
+        _sync_dir(path.parent)
+
+
+def finish_pair(folder: pathlib.Path, path: pathlib.Path) -> str | None:
+    """Complete a publication of `folder` and `path` that a killed run
+    began (begin_pair) and did not end: if `folder` is the new one, the
+    staged file is moved to `path`; otherwise the folder is still the old
+    one, and so is the file. Returns what was done (None: nothing was
+    pending). Only for a caller holding the locks of both."""
+    journal = _journal(path)
+    try:
+        record = json.loads(journal.read_text())
+        staged = path.parent / str(record["staged"])
+        new = pathlib.Path(str(record["folder"])) == folder and _sha256(folder / str(record["mark"])) == record["sha256"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        new = False  # a record cut short: written before anything was moved
+        staged = path.parent / "-"
+    if new and staged.is_file():
+        os.replace(staged, path)
+        _sync_dir(path.parent)
+        done = f"{path} moved into place after the index {folder}: a run was stopped between the two"
+    else:
+        done = f"{folder} and {path} are the previous run's, whole"
+    journal.unlink(missing_ok=True)
+    print(f"maxtext-rl-overlay: a stopped publication was completed: {done}.", file=sys.stderr, flush=True)
+    return done
+
+
+def _sha256(path: pathlib.Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
