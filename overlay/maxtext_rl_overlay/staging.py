@@ -6,13 +6,50 @@ into place in one rename at the end; on any failure, or an interrupt, the
 private folder is removed and the destination is as it was. A signal does
 not cut a move or a removal short (interrupts.held): it is raised after.
 
+What is atomic, and where:
+- rename(2) of a file or folder onto a name in the same folder (os.replace)
+  is atomic on POSIX local filesystems (ext4, xfs, btrfs, tmpfs, ...): every
+  reader, and a process killed at any instant, sees the old name's target
+  or the new one. That is why everything is staged beside its destination,
+  in the destination's own folder: across filesystems rename fails (EXDEV)
+  and a move would become a copy, which a kill cuts in half. (NFS and other
+  network filesystems: a rename is atomic on the server, but a client may
+  retry it, or see the old name for a while; CIFS may refuse to replace an
+  open file. Keep the index and the cache on a local filesystem.)
+- Replacing a folder that exists: rename(2) cannot, so replace_dir uses
+  Linux's renameat2(RENAME_EXCHANGE), one atomic swap of the two folders,
+  where the filesystem has it (ext4, xfs, btrfs, tmpfs, f2fs; Linux 3.15+,
+  glibc 2.28+). Elsewhere it takes two renames, between which the
+  destination is missing; a run killed there leaves the old folder in
+  `DEST.old-*/x`, which the next run puts back (recover).
+- An index and its constraints file are two names, in two folders: no
+  single operation replaces both. The file is renamed right after the
+  folder's swap (before the old folder is removed), and a record written
+  before the swap (begin_pair) lets the next build finish a publication a
+  kill cut between the two (finish_pair): until then a reader can see the
+  new index with the old constraints file, for a window of two system calls.
+- Durability against a lost machine (power, a host crash; a SIGKILL needs
+  none of this): a published folder's files and folders, and every staged
+  file, are fsynced before their rename, and the rename's folder after it.
+  Cache entries are not fsynced: each is checked when it is reused (a
+  wheel's sha256, a tree's git id, a record's own sha256), so one a crash
+  left wrong is made again, never used.
+- What a killed run leaves beside a destination (`DEST.partial-*`,
+  `DEST.<8 hex>`) is removed by the next run that writes that destination,
+  under the lock every writer of it holds (recover); a scratch folder in
+  TMPDIR (`mrl-*`) is the system's to clean.
+
 Removing a folder never raises: the exception on its way out (an interrupt
 above all) stays the one the user sees, and a folder that could not be
 removed is named in a warning.
 
-A destination the user named (the index, constraints.txt) is replaced only
-when it is absent, empty or marked as the tool's own, and a failure to write
-one is an OverlayError naming it ("cannot write X: reason"), never a bug."""
+A destination the user named (the index, constraints.txt, the refresh's
+pr.md and pr.json; smoke's --json is to call the same check) is replaced
+only when it is absent, empty or marked as the tool's own (check_replaceable for a folder,
+check_replaceable_file with a FileOwner for a file), and a failure to write
+one is an OverlayError naming it ("cannot write X: reason"), never a bug; a
+full filesystem or quota (ENOSPC, EDQUOT) is NoSpace, "no space left on
+device: cannot write X", what was staged removed."""
 
 from __future__ import annotations
 
