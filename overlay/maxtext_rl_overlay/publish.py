@@ -61,7 +61,7 @@ from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .pins import Project
 from .progress import step
-from .staging import FileOwner, scratch_dir, write_atomically
+from .staging import FileOwner, recover, scratch_dir, write_atomically
 
 #: In the index of a stand-in-torch build: what the MaxText form of the install needs.
 STANDIN_OVERRIDES = "torch-standin-overrides.txt"
@@ -297,6 +297,7 @@ def _cached_closure(entry: pathlib.Path, key: str, max_age: float) -> tuple[str,
 
 def _store_closure(entry: pathlib.Path, key: str, inputs: dict[str, Any], closure: str) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
+    recover(entry)  # under the entry's lock: a staged copy beside it is a killed build's
     data = {"format": CLOSURE_CACHE_FORMAT, "key": key, "created": time.time(), "sha256": _sha(closure),
             "inputs": inputs, "closure": closure}
     write_atomically(entry, json.dumps(data, indent=1, sort_keys=True) + "\n")

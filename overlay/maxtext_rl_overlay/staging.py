@@ -331,14 +331,17 @@ def check_writable(dest: pathlib.Path, *, folder: bool = False) -> None:
                 raise NotADirectoryError(errno.ENOTDIR, f"{parent} is not a folder")
         if folder:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            os.rmdir(tempfile.mkdtemp(prefix=f"{dest.name}{PARTIAL}", dir=dest.parent))
+            probe = tempfile.mkdtemp(prefix=f"{dest.name}{PARTIAL}", dir=dest.parent)
+            with contextlib.suppress(FileNotFoundError):  # a build holding the lock may clear it first (recover)
+                os.rmdir(probe)
         else:
             if dest.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "it is a folder; name a file")
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = _create_beside(dest)
             os.close(fd)
-            os.unlink(tmp)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
 
 @contextlib.contextmanager
