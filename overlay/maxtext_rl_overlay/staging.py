@@ -396,10 +396,19 @@ def _no_space(dest: pathlib.Path, exc: OSError, staging: pathlib.Path | None) ->
         name = os.fsdecode(said)
         inside = staging is not None and (name == str(staging) or name.startswith(f"{staging}{os.sep}"))
         if not (inside or name == str(dest) or name.startswith(f"{dest}.")):
-            path = name
+            path = str(_destination_of(pathlib.Path(name)))
     why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
     return (f"{why}: cannot write {path}. Free space on its filesystem (df {_existing(pathlib.Path(path).parent)}) or name another place; "
             "what was being written there was removed, and what was there before is as it was.")
+
+
+def _destination_of(path: pathlib.Path) -> pathlib.Path:
+    """The destination a path in a staging folder (`DEST.partial-*/...`) is
+    written for: what the user knows by name; any other path as it is."""
+    for folder in (path, *path.parents):
+        if PARTIAL in folder.name:
+            return folder.parent / folder.name.split(PARTIAL, 1)[0]
+    return path
 
 
 def _existing(path: pathlib.Path) -> pathlib.Path:

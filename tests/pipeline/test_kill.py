@@ -11,6 +11,9 @@ the same cache:
   a wheel of the index beside it;
 - after it, nothing partial is left beside the index or in the cache.
 
+A build whose index's filesystem fills is status 3, the previous release
+whole, and with room the next build is a clean one's.
+
 The release differs from the previous one (its revision is one higher), so
 old and new can be told apart. CI runs the kill points of CI_POINTS;
 MRL_KILL_POINTS=all runs every one of KILL_POINTS."""
@@ -30,6 +33,7 @@ import time
 import pytest
 
 from support.pipeline import build_standins
+from unit.unit_support import SmallFs
 
 pytestmark = pytest.mark.slow
 
@@ -182,3 +186,30 @@ def test_a_build_killed_at_an_instant_leaves_old_or_new_and_the_next_build_is_a_
     assert _snapshot(top) == new, "the build after the kill is not what a build in an empty cache gives"
     _hashes_name_the_index(top)
     _no_leftovers(top, cache)
+
+
+def test_a_build_onto_a_full_disk_is_status_3_and_with_room_the_next_one_is_a_clean_ones(releases, standin, tmp_path):
+    """The other way a build stops where it stands: the index's filesystem
+    fills while the new index is staged beside the previous one."""
+    project, old, new, warm = releases
+    size = sum(len(v) for v in old.values()) + sum(len(v) for v in new.values()) // 2 + (256 << 10)
+    fs = SmallFs(tmp_path / "small", size, 4096)
+    try:
+        top = fs.path
+        for name, data in old.items():
+            (top / name).parent.mkdir(parents=True, exist_ok=True)
+            (top / name).write_bytes(data)
+        full = subprocess.run(_args(project, top, standin), capture_output=True, text=True, env=_env(warm), timeout=3000)
+        assert full.returncode == 3, full.stderr
+        assert "Traceback" not in full.stderr, full.stderr
+        (line,) = [line for line in full.stderr.splitlines() if "error:" in line]
+        assert line.startswith(f"maxtext-rl-overlay: error: no space left on device: cannot write {top / 'dist'}. "), line
+        print(f"\nthe index's filesystem full: {line}")
+        assert _snapshot(top) == old, "the previous release is not whole"
+        fs.resize(8 * size, 4096)
+        again = subprocess.run(_args(project, top, standin), capture_output=True, text=True, env=_env(warm), timeout=3000)
+        assert again.returncode == 0, again.stderr
+        assert _snapshot(top) == new, "with room, the build is not what a build in an empty cache gives"
+        _no_leftovers(top, warm)
+    finally:
+        fs.unmount()

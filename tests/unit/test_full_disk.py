@@ -4,7 +4,7 @@ naming the path, with no traceback; what was there stays whole, nothing
 half-written is left, and with room again the same write succeeds.
 
 The filesystems are real: small tmpfs mounts (root, or passwordless sudo,
-as on CI's runners), filled until the kernel says ENOSPC."""
+as on CI's runners), filled until the kernel says ENOSPC (unit_support.SmallFs)."""
 
 from __future__ import annotations
 
@@ -20,50 +20,9 @@ import pytest
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import buildenv, publish, staging, wheels
 from maxtext_rl_overlay.errors import OverlayError
-from unit.unit_support import project_copy
+from unit.unit_support import SmallFs, project_copy
 
 MARKER = publish.INDEX_MARKER
-
-
-def _mount(argv: list[str]) -> subprocess.CompletedProcess:
-    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
-    return subprocess.run([*sudo, *argv], capture_output=True, text=True)
-
-
-class SmallFs:
-    """A tmpfs of `size` bytes and `inodes` inodes at `path`."""
-
-    def __init__(self, path: pathlib.Path, size: int, inodes: int):
-        self.path = path
-        path.mkdir()
-        done = _mount(["mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={inodes},mode=0777", "tmpfs", str(path)])
-        if done.returncode != 0:
-            pytest.skip(f"needs a small filesystem to fill (a tmpfs mount, as root or with passwordless sudo): mount said {done.stderr.strip()!r}")
-
-    def resize(self, size: int, inodes: int) -> None:
-        done = _mount(["mount", "-o", f"remount,size={size},nr_inodes={inodes}", str(self.path)])
-        assert done.returncode == 0, done.stderr
-
-    def fill(self) -> None:
-        """Take every block and every inode left."""
-        with open(self.path / "ballast", "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * 65536)
-                    f.flush()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-        i = 0
-        while True:
-            try:
-                (self.path / f"ballast-{i}").touch()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                break
-            i += 1
-
-    def unmount(self) -> None:
-        _mount(["umount", "-l", str(self.path)])
 
 
 @pytest.fixture

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import http.server
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import threading
 import zipfile
 from collections.abc import Iterator
+
+import pytest
 
 #: The checkout the fast tests test.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -208,3 +212,47 @@ def maxtext_version(root: pathlib.Path) -> str:
 
     (text,) = load_project(root).metadata["optional-dependencies"]["maxtext"]
     return text.rsplit("==", 1)[1]
+
+
+def _mount(argv: list[str]) -> subprocess.CompletedProcess:
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    return subprocess.run([*sudo, *argv], capture_output=True, text=True)
+
+
+class SmallFs:
+    """A tmpfs of `size` bytes and `inodes` inodes at `path` (a real small
+    filesystem, to fill: mounting needs root or passwordless sudo, as on
+    CI's runners; without them the test is skipped, saying so). unmount()
+    when done."""
+
+    def __init__(self, path: pathlib.Path, size: int, inodes: int):
+        self.path = path
+        path.mkdir()
+        done = _mount(["mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={inodes},mode=0777", "tmpfs", str(path)])
+        if done.returncode != 0:
+            pytest.skip(f"needs a small filesystem to fill (a tmpfs mount, as root or with passwordless sudo): mount said {done.stderr.strip()!r}")
+
+    def resize(self, size: int, inodes: int) -> None:
+        done = _mount(["mount", "-o", f"remount,size={size},nr_inodes={inodes}", str(self.path)])
+        assert done.returncode == 0, done.stderr
+
+    def fill(self) -> None:
+        """Take every block and every inode left."""
+        with open(self.path / "ballast", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+        i = 0
+        while True:
+            try:
+                (self.path / f"ballast-{i}").touch()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+            i += 1
+
+    def unmount(self) -> None:
+        _mount(["umount", "-l", str(self.path)])
