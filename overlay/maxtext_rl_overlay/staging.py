@@ -538,12 +538,14 @@ def finish_pair(folder: pathlib.Path, path: pathlib.Path) -> str | None:
     began (begin_pair) and did not end: if `folder` is the new one, the
     staged file is moved to `path`; otherwise the folder is still the old
     one, and so is the file. Returns what was done (None: nothing was
-    pending). Only for a caller holding the locks of both."""
+    pending). Only for a caller holding the lock of `path` (no other run
+    can be publishing to it)."""
     journal = _journal(path)
     try:
         record = json.loads(journal.read_text())
         staged = path.parent / str(record["staged"])
-        new = pathlib.Path(str(record["folder"])) == folder and _sha256(folder / str(record["mark"])) == record["sha256"]
+        folder = pathlib.Path(str(record["folder"]))  # the run's own (this one's --out may be another)
+        new = _sha256(folder / str(record["mark"])) == record["sha256"]
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
