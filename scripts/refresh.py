@@ -35,7 +35,9 @@ no logic of its own. It
 
 It exits 0 when it wrote (and, with --open, opened) a pull request, or found
 nothing to do (saying so, with no pr.json); 1 when a step failed before a
-pull request could be made (the message says which). The logic (`plan`,
+pull request could be made (the message says which); 3 before any work when
+DIR holds a pr.md or pr.json it did not write (each it writes is marked:
+pr.md's first line, pr.json's `written_by`). The logic (`plan`,
 `pull_request`, `how_to_finish`) and `main` itself, on small upstreams made by
 the tests with a fake `gh`, are tested offline in tests/unit/test_refresh.py;
 the workflow only runs this file."""
@@ -59,11 +61,46 @@ from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.staging import FileOwner, check_replaceable_file, write_atomically
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The upstreams whose release tags the refresh follows (vLLM's pin follows
 #: tpu-inference's last-known-good, and MaxText's releases).
 TAGGED = ("google-tunix", "tpu-inference")
 _TAG = re.compile(r"^v(\d+\.\d+\.\d+)$")
+#: What marks the files the refresh writes in --work, so that a later run
+#: replaces them and nothing else (an HTML comment: GitHub does not show it).
+MD_MARK = "<!-- maxtext-rl-overlay refresh: written by scripts/refresh.py -->"
+JSON_MARK = "scripts/refresh.py (maxtext-rl-overlay)"
+
+
+def _json_is_ours(head: bytes) -> bool:
+    try:
+        doc = json.loads(head)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("written_by") == JSON_MARK
+
+
+OUTPUTS = {"pr.md": FileOwner.first_line("a pull request body", MD_MARK),
+           "pr.json": FileOwner("a pull request record", f'"written_by": "{JSON_MARK}"', _json_is_ours)}
+
+
+def check_outputs(work: pathlib.Path) -> None:
+    """Refuse (OverlayError), before any work, a pr.md or pr.json in `work`
+    that the refresh did not write."""
+    for name, owner in OUTPUTS.items():
+        check_replaceable_file(work / name, owner)
+
+
+def write_pull_request(work: pathlib.Path, pr: Mapping[str, object]) -> None:
+    """pr.md (the body) and pr.json (the rest), each marked as the refresh's
+    and written whole (a rename), replacing only the refresh's own."""
+    check_outputs(work)  # both, before either is written
+    record = {k: v for k, v in pr.items() if k != "body"}
+    write_atomically(work / "pr.md", f"{MD_MARK}\n{pr['body']}", owner=OUTPUTS["pr.md"])
+    write_atomically(work / "pr.json", json.dumps(dict(record, written_by=JSON_MARK), indent=1), owner=OUTPUTS["pr.json"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,8 +402,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _refresh(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT / "overlay"))  # this checkout's tool
-    from maxtext_rl_overlay.errors import OverlayError
 
+    if not args.dry_run:
+        try:
+            check_outputs(args.work)  # before any work: pr.md and pr.json are replaced only where they are the refresh's
+        except OverlayError as exc:
+            print(f"refresh: error: {exc}", file=sys.stderr)
+            return 3
     try:
         current, versions, repositories = _project_state()
         released = _released_maxtext()
@@ -414,8 +456,11 @@ def _refresh(args: argparse.Namespace) -> int:
         finish = how_to_finish(moves, rebases, build, matrix, branch)
         _commit(f"Refresh stopped at {rebases[-1].command}\n\nTo finish, on a checkout of this branch:\n\n"
                 + "\n".join(f"    {line}" for line in finish) + "\n", empty=True)
-    (args.work / "pr.md").write_text(body)
-    (args.work / "pr.json").write_text(json.dumps(pr, indent=1))
+    try:
+        write_pull_request(args.work, dict(pr, body=body))
+    except OverlayError as exc:
+        print(f"refresh: error: {exc}", file=sys.stderr)
+        return 3
     print(f"refresh: pull request {pr['title']!r} on {branch} ({'draft' if pr['draft'] else 'ready'}): {args.work / 'pr.md'}")
     if args.open:
         _publish(pr, args.work / "pr.md", branch, lease, base_branch, args.dispatch_checks)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import enum
+import errno
 import json
 import math
+import os
 import pathlib
 import sys
 import traceback
 
-from . import __version__, interrupts, proc
+from . import __version__, interrupts, proc, staging
 from .errors import OverlayError, UsageError
 from .smoke import run as smoke_run
 
@@ -340,7 +342,8 @@ def _parser() -> argparse.ArgumentParser:
                         "or a source tree or archive (default: fetch the pinned commit with git)")
     b.add_argument("--only", type=_only_arg, metavar="NAME[,NAME...]", help=f"build only these upstreams, of {names} (maxtext-rl-overlay is always built)")
     b.add_argument("--out", type=pathlib.Path, metavar="DIR", help="where the index goes (default: dist/ in the project)")
-    b.add_argument("--constraints", type=pathlib.Path, metavar="FILE", help="where constraints.txt goes (default: the project's)")
+    b.add_argument("--constraints", type=pathlib.Path, metavar="FILE", help="where constraints.txt goes (default: the project's); an existing file is replaced "
+                        "only if it is empty or a constraints file the tool wrote")
     b.add_argument("--unpinned", action="store_true", help="accept source trees that are not the pinned tree, labelled as stand-ins")
     b.add_argument("--torch-standin", action="store_true",
                    help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index "
@@ -413,7 +416,15 @@ def _run(argv: list[str] | None) -> int:
         else:
             print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
         return ExitCode.INTERRUPTED
-    except Exception as exc:  # anything else is a bug: said so, in one line unless -v
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in staging.NO_SPACE:
+            # A full filesystem is the user's to fix, wherever the write was (the stages name their own destinations: this is the rest).
+            where = exc.filename2 if exc.filename2 is not None else exc.filename
+            why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+            path = os.fsdecode(where) if where is not None else "the output, the cache (MRL_CACHE_DIR) or the temporary folder (TMPDIR)"
+            print(f"maxtext-rl-overlay: error: {why}: cannot write {path}. Free space on its filesystem, or name another place.", file=sys.stderr)
+            return ExitCode.ERROR
+        # Anything else is a bug: said so, in one line unless -v.
         if args.verbose:
             traceback.print_exc()
         said = str(exc).strip().splitlines()
@@ -421,7 +432,6 @@ def _run(argv: list[str] | None) -> int:
         print("maxtext-rl-overlay: this is a bug in maxtext-rl-overlay; please report it, with the output of the same "
               "command run with -v (which shows the traceback).", file=sys.stderr)
         return ExitCode.INTERNAL
-
 
 if __name__ == "__main__":
     sys.exit(main())

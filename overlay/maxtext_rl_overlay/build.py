@@ -24,7 +24,7 @@ from .errors import OverlayError
 from .patching import AppliedPatch, Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
-from .staging import check_replaceable, check_writable, scratch_dir, staged_dir, staged_file
+from .staging import begin_pair, check_replaceable, check_replaceable_file, check_writable, end_pair, finish_pair, recover, scratch_dir, staged_dir, staged_file
 
 
 @dataclasses.dataclass
@@ -83,7 +83,8 @@ def _check_destinations(project: Project, out: pathlib.Path, constraints: pathli
     """Refuse, before any work, a destination the build would destroy or
     could not write: `--out` is replaced whole, so it must not be (or hold)
     a folder the user needs, nor anything but an index the tool made;
-    `--constraints` is replaced too, and must not be inside `--out`."""
+    `--constraints` is replaced too, so it must be absent, empty or a
+    constraints file the tool wrote, and not inside `--out`."""
     home = pathlib.Path.home()
     kept = {"the project": project.root, "the current folder": pathlib.Path.cwd(), "$HOME": home, "the cache (MRL_CACHE_DIR)": cache}
     for flag, path in (("--out", out), ("--constraints", constraints)):
@@ -99,6 +100,7 @@ def _check_destinations(project: Project, out: pathlib.Path, constraints: pathli
     check_replaceable(out, publish.INDEX_MARKER)
     check_writable(out, folder=True)
     check_writable(constraints)
+    check_replaceable_file(constraints, publish.CONSTRAINTS_FILE, flag="--constraints")
 
 
 def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathlib.Path, base: str | None, out: pathlib.Path,
@@ -110,8 +112,13 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
     # previous build is still whole) and moved into place only once the index
     # is, and an interrupt waits from the start of that publication to its
     # end (both or neither).
+    # What a killed build left beside constraints.txt (its staged file) goes
+    # first; the index's leftovers go when its staging folder is made.
+    finish_pair(out, constraints_path)
+    recover(constraints_path)
     with interrupts.publication() as publishing, contextlib.ExitStack() as after_the_index:
-        with staged_dir(out, replace=publish.INDEX_MARKER, mode=0o755) as staging:
+        # The constraints file moves into place right after the index, before the old index is removed.
+        with staged_dir(out, replace=publish.INDEX_MARKER, mode=0o755, then=after_the_index.close) as staging:
             entries: dict[str, manifest.Distribution] = {}
             for pin in chosen:
                 entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
@@ -149,7 +156,12 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or "",
                                                                               made_by=made_by, inputs=inputs))
             text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs)
-            after_the_index.enter_context(staged_file(constraints_path, text))
+            after_the_index.callback(end_pair, constraints_path)  # last: once the file is in place (or removed)
+            staged = after_the_index.enter_context(staged_file(constraints_path, text))
+            # Again, before the index moves (a refusal after it would leave a mix): the file may have changed meanwhile.
+            check_replaceable_file(constraints_path, publish.CONSTRAINTS_FILE, flag="--constraints")
+            # A run killed between the index's swap and the file's rename: the next one completes the pair.
+            begin_pair(out, "SHA256SUMS", sha256_file(staging / "SHA256SUMS"), staged, constraints_path)
             publishing.begin()  # the last point where an interrupt leaves the previous build in place
     for name, entry in entries.items():
         step.note("build", _source_line(name, entry, project.pins[name], opts.sources.get(name)))

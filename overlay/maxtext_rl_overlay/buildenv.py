@@ -41,6 +41,7 @@ import sys
 import tempfile
 import tomllib
 from importlib import resources
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -50,7 +51,7 @@ from .environment import Torch
 from .errors import OverlayError
 from .proc import run
 from .progress import step
-from .staging import write_atomically
+from .staging import remove_tree, room_for, write_atomically
 
 BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
 #: The pinned build toolchain of a distribution built here, in its pin's folder.
@@ -83,11 +84,18 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
     # interrupted in (no other build can be filling it), so it is made again;
     # a concurrent build wanting the same one waits for it.
     with buildcache.locked(root, who=who):
-        if not marker.is_file():
+        info = _complete(marker)
+        if info is None:
             shutil.rmtree(root, ignore_errors=True)
             with step(who, f"making the build environment with torch=={torch.version} ({root.name})"):
-                _make(who, root, python, toolchain, torch)
-    info = json.loads(marker.read_text())
+                try:
+                    _make(who, root, python, toolchain, torch)
+                except BaseException:  # a full disk, a failed install: no half-made environment is left
+                    remove_tree(root)
+                    raise
+            info = _complete(marker)
+            if info is None:
+                raise OverlayError(f"{who}: the build environment {root} was made but its record {marker.name} cannot be read back.")
     if info["version"] != torch.version:
         raise OverlayError(f"{who}: the build environment {root} holds torch {info['version']}, not the closure's {torch.version}; delete it and build again.")
     bindir = root / "bin"
@@ -234,7 +242,19 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
                                    "cannot choose the toolkit to build against.")
             _run(who, [*under, f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={pinned[0]}"], "installing the CUDA toolkit")
             info["cuda_home"] = str(_link_toolkit(who, root, info["cuda"]))
-    (root / ".complete").write_text(json.dumps(info, sort_keys=True))
+    # Written last, whole (a rename): what says that the environment is complete.
+    with room_for(root):
+        write_atomically(root / ".complete", json.dumps(info, sort_keys=True))
+
+
+def _complete(marker: pathlib.Path) -> dict[str, Any] | None:
+    """The record of a complete build environment; None for none or a
+    damaged one (an environment a build was stopped in: made again)."""
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and isinstance(info.get("version"), str) else None
 
 
 def _link_toolkit(who: str, root: pathlib.Path, cuda: str) -> pathlib.Path:

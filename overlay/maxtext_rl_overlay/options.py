@@ -292,4 +292,4 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 #: MRL_* variables of the scripts and the test suites, not of the tool
 #: (README.md lists them with the tool's).
 TEST_VARIABLES = ("MRL_SOURCES", "MRL_WORK", "MRL_KEEP", "MRL_PLATFORM", "MRL_QUICK", "MRL_MAXTEXT", "MRL_MAXTEXT_SHIMS",
-                  "MRL_BENCH_PYTHON", "MRL_PAGES_URL")
+                  "MRL_BENCH_PYTHON", "MRL_PAGES_URL", "MRL_KILL_POINTS")

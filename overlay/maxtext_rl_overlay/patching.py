@@ -27,7 +27,7 @@ from .pins import Pin
 from .proc import output_tail
 from .progress import step
 from .sources import Source
-from .staging import staged_dir
+from .staging import NoSpace, staged_dir
 
 #: The two ways of applying a series; they must give the same answers.
 Engine = Literal["git", "patch-ng"]
@@ -174,7 +174,7 @@ def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: path
         with staged_dir(entry) as staged:
             shutil.copytree(tree, staged / "tree", symlinks=True)
             (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    except OSError as exc:  # the cache is full or read-only: the result stands
+    except (OSError, NoSpace) as exc:  # the cache is full or read-only: the result stands
         step.note(pin.distribution, f"the patched tree was not kept for reuse ({exc})")
 
 

@@ -26,7 +26,7 @@ from .digest import sha256_file
 from .errors import OverlayError
 from .proc import run
 from .progress import step
-from .staging import scratch_dir, staged_dir
+from .staging import NoSpace, scratch_dir, staged_dir
 
 #: Bumped when what a kept wheel's record says changes.
 WHEEL_CACHE_FORMAT = 1
@@ -221,5 +221,5 @@ def _keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path
             shutil.copyfile(wheel, staged / wheel.name)
             record = {"key": key, "wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs}
             (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    except OSError as exc:  # the cache is full or read-only: the build itself stands
+    except (OSError, NoSpace) as exc:  # the cache is full or read-only: the build itself stands
         step.note(who, f"the wheel was not kept for reuse ({exc})")

@@ -200,3 +200,55 @@ def test_a_written_file_has_the_mode_the_umask_gives(tmp_path, umask, mode):
     finally:
         os.umask(old)
     assert (tmp_path / "constraints.txt").stat().st_mode & 0o777 == mode
+
+
+# -- --constraints replaces only a file the tool wrote ------------------------
+
+@pytest.mark.parametrize("name", ["README.md", "pyproject.toml"])
+def test_a_constraints_that_is_not_the_tools_is_refused_and_left_whole(project, tmp_path, name):
+    """A typo away from the default: the project's own files."""
+    target = project / name
+    before = target.read_bytes()
+    done = _build(project, "--out", str(tmp_path / "dist"), "--constraints", str(target), env=_env(tmp_path))
+    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    assert _error(done).endswith(f"error: --constraints {target} is not a constraints file the tool wrote (it lacks the first line "
+                                 f"{publish.CONSTRAINTS_HEADER!r}): it is not replaced, since what it holds would be lost. Name an absent "
+                                 "or empty file, or a constraints file an earlier run wrote; if this one is, remove it by hand.")
+    assert target.read_bytes() == before
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "dist").exists(), "refused before any work"
+    assert not [p.name for p in project.iterdir() if p.name.startswith(f"{name}.")], "no staging file left beside it"
+
+
+@pytest.mark.parametrize("case", ["empty", "the tool's", "the committed one"])
+def test_a_constraints_that_is_the_tools_is_let_through(project, tmp_path, case):
+    target = tmp_path / "constraints.txt"
+    target.write_text({"empty": "", "the tool's": publish.CONSTRAINTS_HEADER + "\n--find-links ./dist\n",
+                       "the committed one": (ROOT / "constraints.txt").read_text()}[case])
+    done = _build(project, "--out", str(tmp_path / "dist"), "--constraints", str(target), env=_env(tmp_path))
+    assert done.returncode == cli.ExitCode.ERROR and THE_INDEX_FAILS in _error(done), done.stderr
+
+
+@pytest.mark.parametrize("case", ["absent", "empty", "the tool's"])
+def test_a_constraints_file_that_is_the_tools_is_replaced(tmp_path, case):
+    target = tmp_path / "constraints.txt"
+    if case != "absent":
+        target.write_text("" if case == "empty" else publish.CONSTRAINTS_HEADER + "\nold==1\n")
+    staging.write_atomically(target, publish.CONSTRAINTS_HEADER + "\nnew==2\n", owner=publish.CONSTRAINTS_FILE)
+    assert target.read_text() == publish.CONSTRAINTS_HEADER + "\nnew==2\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["constraints.txt"]
+
+
+@pytest.mark.parametrize("held", ["a user's text", "the header not first", "a fifo"])
+def test_a_file_that_is_not_the_tools_is_refused_at_the_write_too(tmp_path, held):
+    """The check runs again at the rename: the file may have changed since the build began."""
+    target = tmp_path / "constraints.txt"
+    if held == "a fifo":
+        os.mkfifo(target)
+    else:
+        target.write_text("mine\n" + (publish.CONSTRAINTS_HEADER if held == "the header not first" else ""))
+    with pytest.raises(OverlayError, match="is not (a constraints file the tool wrote|a regular file)"):
+        with staging.staged_file(target, "new", owner=publish.CONSTRAINTS_FILE):
+            pass
+    if held != "a fifo":
+        assert target.read_text().startswith("mine\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["constraints.txt"], "the staging file is removed"

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from maxtext_rl_overlay.errors import OverlayError
 from unit.unit_support import GIT_ENV, PackageIndex, commit_files, fake_wheel, git, maxtext_version, patch_of, pin_series
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -407,3 +408,27 @@ def test_a_same_day_rerun_updates_its_branch_and_pull_request_and_leaves_a_perso
     assert "holds commits by u@u: left alone" in third.stderr
     assert [(p["head"], p["draft"]) for p in world.prs()] == [(BRANCH, True), (f"{BRANCH}-2", False)]
     assert len(world.pushed(f"{BRANCH}-2")) == 3
+
+
+def test_the_refresh_replaces_only_its_own_outputs(tmp_path):
+    """pr.md and pr.json in --work: a user's file of that name is refused
+    before any work (status 3 in main), the refresh's own is replaced."""
+    pr = {"branch": "refresh/x", "title": "Refresh: x", "draft": False, "body": "the body\n"}
+    refresh.check_outputs(tmp_path)  # absent
+    refresh.write_pull_request(tmp_path, pr)
+    assert (tmp_path / "pr.md").read_text() == refresh.MD_MARK + "\nthe body\n"
+    assert json.loads((tmp_path / "pr.json").read_text()) == {"branch": "refresh/x", "title": "Refresh: x", "draft": False,
+                                                             "written_by": refresh.JSON_MARK}
+    refresh.check_outputs(tmp_path)  # its own
+    refresh.write_pull_request(tmp_path, dict(pr, body="again\n"))
+    assert (tmp_path / "pr.md").read_text() == refresh.MD_MARK + "\nagain\n"
+    for name, foreign in (("pr.md", "my notes\n"), ("pr.json", '{"branch": "mine"}')):
+        (tmp_path / name).write_text(foreign)
+        with pytest.raises(OverlayError, match=f"{tmp_path / name} is not a pull request (body|record) the tool wrote"):
+            refresh.check_outputs(tmp_path)
+        with pytest.raises(OverlayError):
+            refresh.write_pull_request(tmp_path, pr)
+        assert (tmp_path / name).read_text() == foreign
+        (tmp_path / name).write_text("")  # empty: replaced
+    refresh.check_outputs(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pr.json", "pr.md"]

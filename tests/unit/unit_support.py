@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import http.server
 import os
@@ -21,6 +22,8 @@ import sys
 import threading
 import zipfile
 from collections.abc import Iterator
+
+import pytest
 
 from maxtext_rl_overlay import interrupts
 
@@ -311,3 +314,45 @@ def small_project(tmp_path: pathlib.Path, repo: pathlib.Path, pin: str, patch: p
     git(project, "init", "-q", "-b", "main")
     commit_files(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
     return project
+def _mount(argv: list[str]) -> subprocess.CompletedProcess:
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    return subprocess.run([*sudo, *argv], capture_output=True, text=True)
+
+
+class SmallFs:
+    """A tmpfs of `size` bytes and `inodes` inodes at `path` (a real small
+    filesystem, to fill: mounting needs root or passwordless sudo, as on
+    CI's runners; without them the test is skipped, saying so). unmount()
+    when done."""
+
+    def __init__(self, path: pathlib.Path, size: int, inodes: int):
+        self.path = path
+        path.mkdir()
+        done = _mount(["mount", "-t", "tmpfs", "-o", f"size={size},nr_inodes={inodes},mode=0777", "tmpfs", str(path)])
+        if done.returncode != 0:
+            pytest.skip(f"needs a small filesystem to fill (a tmpfs mount, as root or with passwordless sudo): mount said {done.stderr.strip()!r}")
+
+    def resize(self, size: int, inodes: int) -> None:
+        done = _mount(["mount", "-o", f"remount,size={size},nr_inodes={inodes}", str(self.path)])
+        assert done.returncode == 0, done.stderr
+
+    def fill(self) -> None:
+        """Take every block and every inode left."""
+        with open(self.path / "ballast", "wb") as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+        i = 0
+        while True:
+            try:
+                (self.path / f"ballast-{i}").touch()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+            i += 1
+
+    def unmount(self) -> None:
+        _mount(["umount", "-l", str(self.path)])
