@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import enum
 import errno
-import json
 import math
 import os
 import pathlib
 import sys
 import traceback
+from typing import Any
 
 from . import __version__, interrupts, proc, staging
 from .errors import OverlayError, UsageError
@@ -161,16 +161,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
     from .smoke.report import render
-    from .smoke.run import BrokenStack, CannotRun, SmokeOptions, smoke
+    from .smoke.run import JSON_OWNER, BrokenStack, CannotRun, SmokeOptions, json_text, smoke
     from .staging import write_atomically
 
-    def write_json(doc: dict[str, object]) -> None:
+    def write_json(doc: dict[str, Any]) -> None:
         if args.json:
-            write_atomically(args.json, (json.dumps(doc, indent=1) + "\n").encode())
+            write_atomically(args.json, json_text(doc), owner=JSON_OWNER)
 
-    # Before any work: FILE must be writable, and until the end it says that
+    # Before any work: FILE must be writable and absent, empty or smoke's own
+    # (else an OverlayError naming it: status 3); until the end it says that
     # smoke did not finish, never what an earlier run found.
-    write_json({"ok": False, "failed": ["smoke did not finish"], "finished": False})  # an OverlayError naming FILE: status 3
+    write_json({"ok": False, "failed": ["smoke did not finish"], "finished": False})
     try:
         report = smoke(SmokeOptions(cpu_simulation=args.cpu_simulation, timeout=args.timeout))
     except CannotRun as exc:

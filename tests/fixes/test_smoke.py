@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
+from maxtext_rl_overlay.smoke.run import json_text
 from support.fixes import maxtext_models, maxtext_shims
 from support.fixes.matrix import PLATFORM
 
@@ -112,7 +113,7 @@ def test_a_package_that_fails_to_import_is_a_broken_stack_named_as_such(tmp_path
     (tmp_path / "shadow" / package).mkdir(parents=True)
     (tmp_path / "shadow" / package / "__init__.py").write_text(f"raise {raises}\n")
     out = tmp_path / "smoke.json"
-    out.write_text(json.dumps({"ok": True}))  # an earlier pass must not survive
+    out.write_text(json_text({"ok": True, "failed": []}))  # an earlier pass must not survive
     proc = _smoke("--json", str(out), env={"PYTHONPATH": str(tmp_path / "shadow")})  # without --cpu-simulation: the probe asks jax
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
     assert f"smoke: NO - the installed stack is broken: {package} fails to import: {raises.split('(')[0]}" in proc.stderr, proc.stderr[-2000:]

@@ -107,11 +107,30 @@ def test_smoke_that_cannot_run_leaves_its_json_saying_so_not_an_old_pass(monkeyp
     from maxtext_rl_overlay.smoke import run
 
     out = tmp_path / "smoke.json"
-    out.write_text(json.dumps({"ok": True, "failed": []}))
+    out.write_text(run.json_text({"ok": True, "failed": []}))  # an earlier run's pass
     monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")
     assert cli.main(["smoke", "--cpu-simulation", "--json", str(out)]) == cli.ExitCode.ERROR
     doc = json.loads(out.read_text())
     assert doc["ok"] is False and "mrl-no-such-reference" in doc["cannot_run"], doc
+
+
+def test_smoke_json_replaces_only_a_file_smoke_wrote(monkeypatch, tmp_path, capsys):
+    """--json README.md, a typo away, is refused before any work and left as
+    it was; smoke's own result (and an empty file) is replaced."""
+    from maxtext_rl_overlay.smoke import run
+
+    monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")  # no engine here: ends at once
+    foreign = tmp_path / "README.md"
+    foreign.write_text("# my notes\n")
+    assert cli.main(["smoke", "--cpu-simulation", "--json", str(foreign)]) == cli.ExitCode.ERROR
+    assert foreign.read_text() == "# my notes\n"
+    assert "is not a smoke result the tool wrote" in capsys.readouterr().err
+    ours = tmp_path / "smoke.json"
+    ours.write_text(run.json_text({"ok": True, "failed": []}))
+    for path in (ours, tmp_path / "empty.json"):
+        path.touch()
+        assert cli.main(["smoke", "--cpu-simulation", "--json", str(path)]) == cli.ExitCode.ERROR
+        assert json.loads(path.read_text())["cannot_run"], path
 
 
 def _fake_python(tmp_path: pathlib.Path, stdout: str, stderr: str = "") -> str:

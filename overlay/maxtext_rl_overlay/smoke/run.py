@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import proc
+from .. import proc, staging
 from ..errors import OverlayError
 from ..progress import step
 from . import checks, engine, maxtext_model, tiny_llama
@@ -40,6 +40,16 @@ PROBED = ("jax", "torch", "transformers")
 TPU_HELD = ("already in use", "Device or resource busy")
 #: One engine process's bound, start and generates (the CLI's default too).
 DEFAULT_TIMEOUT = 900.0
+#: The first key of every --json FILE smoke writes: an existing FILE is
+#: replaced only where it is empty or one of these (a typo must not cost a file).
+JSON_MARK = "maxtext-rl-overlay smoke"
+JSON_OWNER = staging.FileOwner("a smoke result", f'a first key "written_by": "{JSON_MARK}"',
+                               lambda head: head.startswith(b'{\n "written_by": ' + json.dumps(JSON_MARK).encode()))
+
+
+def json_text(doc: dict[str, Any]) -> str:
+    """smoke's --json FILE for `doc`, marked as smoke's (JSON_OWNER)."""
+    return json.dumps({"written_by": JSON_MARK, **doc}, indent=1) + "\n"
 
 
 class CannotRun(OverlayError):
