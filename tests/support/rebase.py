@@ -23,7 +23,7 @@ IDENT = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTE
          "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 #: What a project copy holds: enough to run the tool and its fast tests.
 PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE", "constraints.txt", ".gitignore", ".ci", ".github", "scripts", "overlay", "patches",
-                 "tests/unit", "tests/conftest.py", "tests/standins.py", "tests/support")
+                 "image", "tests/unit", "tests/conftest.py", "tests/standins.py", "tests/support")
 
 
 def cache_dir() -> pathlib.Path:

@@ -48,7 +48,7 @@ def _bin(tmp_path: pathlib.Path, engine: str | None) -> pathlib.Path:
     folder = tmp_path / "bin"
     folder.mkdir()
     for tool in ("bash", "dirname", "sed", "mktemp", "rm", "mkdir", "cp", "ls", "head", "basename", "cut", "sha256sum",
-                 "python3", "cat", "printf", "env", "curl", "awk"):
+                 "python3", "cat", "printf", "env", "curl", "awk", "uv"):
         found = shutil.which(tool)
         assert found, tool
         (folder / tool).symlink_to(found)

@@ -13,6 +13,7 @@ import sys
 import tomllib
 
 import pytest
+from packaging.version import Version
 
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
@@ -211,7 +212,8 @@ def test_versions_are_compared_in_pep_440_s_normal_form_and_an_unknown_one_lists
     version = maxtext_version(ROOT)
     maxtext_release(folder, version, ROOT_PINS)
     project = _real_pins_project(tmp_path)
-    for spelled in (f"v{version}", f"{version}.0"):
+    base = Version(version).base_version  # the release segment: 0.2.4 -> 0.2.4.0, 0.2.5.dev1 -> 0.2.5.0.dev1 (equal under PEP 440)
+    for spelled in (f"v{version}", version.replace(base, base + ".0", 1)):
         proc = _tool(project, index, "--maxtext", spelled)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"already MaxText {version}'s: nothing changed" in proc.stdout

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.pins import set_pin_values
 from unit.unit_support import GIT_ENV, PackageIndex, commit_files, fake_wheel, git, maxtext_version, patch_of, pin_series
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -244,6 +245,9 @@ def _world(tmp_path: pathlib.Path, conflict: str | None = None) -> World:
         shutil.copytree(ROOT / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
     for dist, (pin, _, patch) in {"google-tunix": tunix, "tpu-inference": tpu}.items():
         pin_series(project, dist, top / dist, pin, [patch])
+        # The versions the tags come after, whatever this checkout's pins are (a rebase's fast tests run this file
+        # in a copy whose pins it moved).
+        set_pin_values(project / "patches" / dist / "pin.toml", {"version": PINS[dist]})
     for name, text in {"build-wheels.sh": FAKE_BUILD, "test-matrix.sh": FAKE_MATRIX}.items():
         (project / "scripts" / name).write_text(text)
     git(project, "init", "-q", "-b", "main")
