@@ -171,6 +171,7 @@ def sampled(rows: list[dict[str, Any]], logits: list[list[list[float]]] | None, 
     if logits is None:
         return [differ]
     settings = ", ".join(f"{k} {v}" for k, v in SAMPLED.items())
+    whose = by + ("'" if by.endswith("s") else "'s")  # transformers' logits, MaxText's own forward's
     tolerance = LOGPROB_TOLERANCE.get(platform, LOGPROB_TOLERANCE["tpu"])
     outside, diffs, miss_top_p, miss_top_k, draws = [], [], 0.0, 0.0, 0
     for r, (row, row_logits) in enumerate(zip(rows, logits, strict=True)):
@@ -190,12 +191,12 @@ def sampled(rows: list[dict[str, Any]], logits: list[list[list[float]]] | None, 
     within = Check(
         "sampled within top-k, top-p",
         not outside,
-        f"{draws} draws at {settings}, each in the set {by}'s logits keep" if not outside
-        else f"{len(outside)} of {draws} draws outside the set {by}'s logits keep at {settings}; first: {outside[0]}",
+        f"{draws} draws at {settings}, each in the set {whose} logits keep" if not outside
+        else f"{len(outside)} of {draws} draws outside the set {whose} logits keep at {settings}; first: {outside[0]}",
     )
     worst = max(diffs) if diffs else math.inf
     logprobs = Check("sampled logprobs", bool(diffs) and worst <= tolerance,
-                     f"max |engine - {by}'s log-softmax over the kept set| {worst:.2e} (tolerance {tolerance:.0e}), processed logprobs"
+                     f"max |engine - {whose} log-softmax over the kept set| {worst:.2e} (tolerance {tolerance:.0e}), processed logprobs"
                      if diffs else "no draw inside the kept set: nothing to compare")
     power = Check(
         "sampled draws can tell",
