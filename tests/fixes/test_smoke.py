@@ -241,3 +241,90 @@ def test_a_sync_that_leaves_one_kind_of_parameter_stale_fails_smokes_check(llama
     for platform in checks.LOGPROB_TOLERANCE:  # the CPU simulation's tolerance and a TPU's
         said = checks.synced(engine, second_ref, first_ref, platform, "transformers")
         assert not all(c.ok for c in said), (kind, platform, said)
+
+
+# MaxText's configuration, the same way: the engine's model (unrolled, seed 0)
+# and train_rl's actor (scanned, seed 4, norms drawn), both made by smoke's
+# own maxtext_model; the actor unrolled by MaxText's own pre-unroll (what its
+# direct sync relies on), each kind but one put into the engine's model, and
+# MaxText's own forward decoding the result. qwen3 ties its LM head to the
+# embedding (`logits_via_embedding`): the embedding is the LM head too.
+
+MAXTEXT_KINDS = {"embedding (the LM head, tied)": lambda path: path[0] == "token_embedder",
+                 "norms": lambda path: path[-2].endswith("norm"),
+                 "attention": lambda path: "self_attention" in path and not path[-2].endswith("norm"),
+                 "MLP": lambda path: "mlp" in path}
+
+
+@pytest.fixture(scope="module")
+def maxtext_pair(tmp_path_factory):
+    if not maxtext_models.AVAILABLE:
+        pytest.skip("maxtext is not installed (the matrix's MaxText cell runs this): would have checked that a sync into "
+                    "MaxText's model leaving any kind of parameter stale fails smoke's sync check")
+    if maxtext_shims.GLOBAL:
+        pytest.skip("the maxtext-shims run's MaxText forward is the plain run's: the shims replace jax.lax.top_k and "
+                    "with_sharding_constraint, which neither model's forward calls")
+    import jax
+    from flax import nnx
+    from flax.traverse_util import flatten_dict, unflatten_dict
+
+    from maxtext_rl_overlay.smoke import maxtext_model, tiny_llama
+
+    work = tmp_path_factory.mktemp("maxtext-pair")
+    first = maxtext_model.write_engine_checkpoint(work / "first")
+    second = maxtext_model.write_actor_checkpoint(work / "second")
+    forwards = [maxtext_model.Forward(*model) for model in (first, second)]
+    refs = [maxtext_model.reference_greedy(f, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for f in forwards]
+    unrolled = maxtext_models.maxtext_pre_unroll(nnx.state(second[0], nnx.Param))
+    unrolled = flatten_dict(unrolled.to_pure_dict() if hasattr(unrolled, "to_pure_dict") else unrolled)
+    engine_params = flatten_dict(nnx.to_pure_dict(nnx.state(first[0], nnx.Param)))
+    assert unrolled.keys() == engine_params.keys(), "MaxText's unroll of the actor no longer gives the engine model's layout"
+
+    def decode_synced(stale) -> list:
+        """The engine's model given the actor's parameters, but those `stale`
+        says to leave, decoded by MaxText's own forward (the first model's,
+        its state replaced: one compilation)."""
+        whole = flatten_dict(nnx.to_pure_dict(forwards[0].state))
+        whole.update({path: (engine_params[path] if stale(path) else unrolled[path]) for path in engine_params})
+        state = jax.tree.map(lambda x: x, forwards[0].state)
+        nnx.replace_by_pure_dict(state, unflatten_dict(whole))
+        forward = forwards[0]
+        kept, forward.state = forward.state, state
+        try:
+            return maxtext_model.reference_greedy(forward, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS)
+        finally:
+            forward.state = kept
+
+    return engine_params, unrolled, refs, decode_synced
+
+
+def test_the_maxtext_actor_differs_from_the_engines_model_in_every_parameter(maxtext_pair):
+    import numpy as np
+
+    engine_params, unrolled = maxtext_pair[:2]
+    same = [path for path in engine_params if bool(np.any(np.asarray(engine_params[path]) == np.asarray(unrolled[path])))]
+    assert not same, f"parameters with elements the sync could leave stale unseen: {same}"
+    kinds = {path: [k for k, is_kind in MAXTEXT_KINDS.items() if is_kind(path)] for path in engine_params}
+    assert all(len(k) == 1 for k in kinds.values()), f"every parameter is of one kind: {kinds}"
+
+
+def test_a_right_sync_into_maxtexts_model_passes_smokes_check(maxtext_pair):
+    """The control: with nothing left stale, the check passes (so the cases
+    below fail for the stale kind, not for the way they were made)."""
+    from maxtext_rl_overlay.smoke import checks
+
+    _, _, (first_ref, second_ref), decode_synced = maxtext_pair
+    said = checks.synced(decode_synced(lambda path: False), second_ref, first_ref, "cpu", "MaxText's own forward")
+    assert all(c.ok for c in said), said
+
+
+@pytest.mark.parametrize("kind", list(MAXTEXT_KINDS))
+def test_a_sync_into_maxtexts_model_that_leaves_one_kind_stale_fails_smokes_check(maxtext_pair, kind):
+    from maxtext_rl_overlay.smoke import checks
+
+    engine_params, _, (first_ref, second_ref), decode_synced = maxtext_pair
+    assert any(MAXTEXT_KINDS[kind](path) for path in engine_params), kind
+    engine = decode_synced(MAXTEXT_KINDS[kind])
+    for platform in checks.LOGPROB_TOLERANCE:  # the CPU simulation's tolerance and a TPU's
+        said = checks.synced(engine, second_ref, first_ref, platform, "MaxText's own forward")
+        assert not all(c.ok for c in said), (kind, platform, said)

@@ -95,7 +95,7 @@ class Models:
         from flax import nnx
 
         if name == "param-only, MaxText pre-unroll":
-            return maxtext_models.maxtext_pre_unroll(maxtext_models.param_state(self.actor), self.family), None
+            return maxtext_models.maxtext_pre_unroll(maxtext_models.param_state(self.actor)), None
         if name == "param-only":
             return maxtext_models.param_state(self.actor), None
         if name == "unfiltered":

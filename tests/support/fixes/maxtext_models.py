@@ -139,7 +139,7 @@ def param_state(actor_model):
     return nnx.state(actor_model, nnx.Param)
 
 
-def maxtext_pre_unroll(weights, family: Family):
+def maxtext_pre_unroll(weights):
     """MaxTextVllmSampler.update_params's direct-sync pre-unroll (MaxText's own functions)."""
     from maxtext.integration.vllm import maxtext_vllm_rollout as mvr
 
@@ -183,7 +183,7 @@ def expected_params(actor_model, family: Family, target_state) -> dict:
     from flax.traverse_util import flatten_dict
     from maxtext.utils import model_creation_utils
 
-    unrolled = maxtext_pre_unroll(param_state(actor_model), family)
+    unrolled = maxtext_pre_unroll(param_state(actor_model))
     unrolled = unrolled.to_pure_dict() if hasattr(unrolled, "to_pure_dict") else unrolled
     model = nnx.to_pure_dict(target_state)["model"]
     fused = model_creation_utils._fuse_moe_weights(unrolled["base"], model)
