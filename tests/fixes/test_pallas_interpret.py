@@ -125,3 +125,35 @@ def test_a_chunked_prefill_only_segment_is_skipped_without_chunk_prefill_size(ke
     diff = float(np.max(np.abs(out - np.asarray(ref_out))))
     record_property("max_abs_difference", f"{diff:.3g}")
     assert diff > 1, diff
+
+
+#: The runner's step inputs as one host buffer (`DeviceBuffer`): 64 Ki int32,
+#: the size at which jax on the CPU shares or copies later rather than at once.
+STEP_INPUTS = 1 << 16
+
+
+def test_the_runners_step_inputs_reach_the_devices_as_they_were_put():
+    """The runner packs each step's inputs in one host buffer it reuses and
+    puts it on the devices (`device_array`); with async scheduling it packs
+    the next step's while the step is still queued. The arrays already put
+    must keep what they were given. On the CPU, jax's `device_put` of such a
+    buffer shares its memory or copies it later (jax issue #37830), which
+    made `smoke` fail at random on a loaded machine. Measured without the
+    stand-in's copy (pallas_interpret's fifth intervention): all 20 puts
+    here saw the next step's inputs."""
+    import jax
+    from jax.sharding import Mesh
+    from tpu_inference.utils import DeviceBuffer, device_array
+
+    mesh = Mesh(np.array(jax.devices()).reshape(1, 8), ("data", "model"))
+    buffer = DeviceBuffer(initial_capacity=STEP_INPUTS)
+    seen = []
+    for step in range(20):
+        buffer.reset()
+        buffer.get_view(STEP_INPUTS, key="inputs")[:] = step
+        blob, _ = buffer.build()
+        put = device_array(mesh, blob)
+        buffer.reset()
+        buffer.get_view(STEP_INPUTS, key="inputs")[:] = -1  # the next step's, packed at once
+        seen.append(sorted({int(v) for v in np.unique(np.asarray(put))}))
+    assert seen == [[step] for step in range(20)], f"arrays put on the devices changed with the host buffer after the put: {seen}"

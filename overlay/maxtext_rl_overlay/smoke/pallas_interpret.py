@@ -32,7 +32,21 @@ one small intervention below, named after what it does:
    the TPU defines them (`jax._src.state.utils.bitcast`: a bitcast to a wider
    type packs the second-minor dimension).
 
-`activate()` does all four and sets Pallas' TPU interpret mode, only where
+One more intervention keeps the engine's inputs what a TPU would see:
+
+5. `engine_inputs_copied_to_the_devices`: on the CPU, `jax.device_put` of
+   a numpy array the size of the runner's step inputs shares its memory
+   instead of copying it (jax issue #37830; on a TPU the array is copied
+   into HBM). The runner packs each step's inputs (token ids, positions,
+   block tables) into one host buffer it reuses (`DeviceBuffer`), and with
+   async scheduling it packs step N+1 while step N is still queued: step N
+   then reads step N+1's inputs. That happened only when the machine was
+   loaded, and made `smoke` fail at random (a sampled row outside top-k at
+   the step a new KV page was taken; the first decode after a sync apart).
+   The runner's `device_array` is given copies of its numpy inputs instead,
+   which nothing else holds.
+
+`activate()` does all five and sets Pallas' TPU interpret mode, only where
 jax runs on the CPU; on a TPU it does nothing and the kernels run compiled.
 It is part of the tool for `smoke --cpu-simulation` (and the test suite's
 CPU simulation), never active otherwise. Wherever it is active it says so:
@@ -64,7 +78,7 @@ def active() -> bool:
 
 def activate() -> list[str]:
     """Where jax runs on the CPU, make the TPU Pallas kernels run interpreted
-    (the four interventions, then interpret mode); returns the interventions
+    (the five interventions, then interpret mode); returns the interventions
     made. Idempotent; a no-op on a TPU. Call before the engine or a kernel is
     traced."""
     import jax
@@ -78,6 +92,7 @@ def activate() -> list[str]:
         step_compiler_options_dropped,
         interpret_callbacks_on_host_operands,
         ref_views_in_get_swap_store,
+        engine_inputs_copied_to_the_devices,
     ):
         intervention()
         _active.append(intervention.__name__)
@@ -291,3 +306,27 @@ def ref_views_in_get_swap_store() -> None:
     for name, wrapper, undecorated in zip(("get", "store", "swap"), outer, inner, strict=True):
         wrapper.__wrapped__ = undecorated  # type: ignore[attr-defined]
         setattr(ipc, name, wrapper)
+
+
+# 5 -------------------------------------------------------------------------
+
+#: The tpu-inference function every runner input goes through (its module's
+#: `device_array` calls it by this name).
+_DEVICE_PUT_MODULE = "tpu_inference.utils"
+
+
+def engine_inputs_copied_to_the_devices() -> None:
+    import importlib
+
+    import jax
+    import numpy as np
+
+    utils = importlib.import_module(_DEVICE_PUT_MODULE)
+    original = utils.general_device_put
+
+    def general_device_put(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        # A copy nothing else holds: the runner may rewrite its buffer at once.
+        owned = jax.tree_util.tree_map(lambda t: np.array(t, copy=True) if isinstance(t, np.ndarray) else t, tensor)
+        return original(owned, *args, **kwargs)
+
+    utils.general_device_put = general_device_put
