@@ -322,11 +322,11 @@ def engine_inputs_copied_to_the_devices() -> None:
     import numpy as np
 
     utils = importlib.import_module(_DEVICE_PUT_MODULE)
-    original = utils.general_device_put
+    original = getattr(utils, "general_device_put")  # noqa: B009 - tpu_inference's modules are read as Any
 
     def general_device_put(tensor: Any, *args: Any, **kwargs: Any) -> Any:
         # A copy nothing else holds: the runner may rewrite its buffer at once.
         owned = jax.tree_util.tree_map(lambda t: np.array(t, copy=True) if isinstance(t, np.ndarray) else t, tensor)
         return original(owned, *args, **kwargs)
 
-    utils.general_device_put = general_device_put
+    setattr(utils, "general_device_put", general_device_put)  # noqa: B010 - tpu_inference's modules are read as Any
