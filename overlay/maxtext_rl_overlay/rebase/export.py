@@ -1,14 +1,22 @@
 """Writing a carried series into the project: the patches re-exported in
 place, a comment in `series` for each dropped one, the pin moved, and the
-last-known-good commit of another pin reported (or applied)."""
+last-known-good commit of another pin reported (or applied).
+
+Each file is written whole or not at all (write_atomically), and the whole
+writing may be done again: a run killed between two files leaves some new
+and some old, and --continue (the state still says "write") writes every
+one again from the work clone and the pin's old values in the state, to the
+same bytes an unkilled run writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 
 from ..git import git, out
 from ..pins import Pin, load_project, set_pin_values
+from ..staging import write_atomically
 from . import versions
 from .state import PatchEntry, PinValues, RebaseState
 
@@ -20,7 +28,8 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 
 def write(root: pathlib.Path, state: RebaseState, work: pathlib.Path) -> None:
     project = load_project(root)
-    pin = project.pins[state.name]
+    old = state.old  # not the pin file's: a killed run may have moved it already
+    pin = dataclasses.replace(project.pins[state.name], commit=old.commit, tree=old.tree, date=old.date, version=old.version)
     git_dir = pathlib.Path(state.git_dir)
     dropped = {}
     for entry in state.patches:
@@ -29,7 +38,7 @@ def write(root: pathlib.Path, state: RebaseState, work: pathlib.Path) -> None:
             (pin.directory / entry.name).unlink(missing_ok=True)
             continue
         text = git(*_FORMAT_PATCH, entry.commit, cwd=work, text=False).stdout
-        (pin.directory / entry.name).write_bytes(text)
+        write_atomically(pin.directory / entry.name, text)
     if dropped:
         _comment_out(pin.directory / "series", dropped, state.new_commit)
     new = _move_pin(pin, git_dir, state.new_commit, state.notes)
@@ -51,7 +60,7 @@ def _comment_out(series: pathlib.Path, dropped: dict[str, PatchEntry], new_commi
             line = (f"# Applied-Upstream: {entry.name} in {where} (\"{entry.subject}\"); "
                     f"dropped by scripts/rebase.sh onto {new_commit}")
         lines.append(line)
-    series.write_text("\n".join(lines) + "\n")
+    write_atomically(series, "\n".join(lines) + "\n")
 
 
 def _move_pin(pin: Pin, git_dir: pathlib.Path, new_commit: str, notes: list[str]) -> PinValues:
