@@ -494,6 +494,13 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
         raise
 
 
+def remove_file(path: pathlib.Path) -> None:
+    """Remove a file (a record whose removal is a commit point), its
+    folder then flushed: a lost machine does not find it again."""
+    path.unlink(missing_ok=True)
+    _sync_dir(path.parent)
+
+
 def _create_beside(path: pathlib.Path) -> tuple[int, str]:
     """A new file `<path>.<random>` beside `path`, open for writing, made
     with mode 0666 less the umask (as open() makes files)."""
