@@ -38,9 +38,10 @@ def _fetch(pin: Pin, new_ref: str, cache: pathlib.Path) -> pathlib.Path:
     """NEW_REF (as refs/mrl/new), the tags and the pin, fetched from the pin's repository."""
     buildcache.claim(cache)  # tagged as the tool's before anything goes in, as a build does
     git_dir = cache / "git" / f"{pin.distribution}-rebase.git"
-    if not git_dir.exists():
-        git_dir.parent.mkdir(parents=True, exist_ok=True)
-        git("init", "-q", "--bare", str(git_dir))
+    # Every time, not only when the folder is missing: git init completes a
+    # repository a killed run left half made, and changes nothing in a whole one.
+    git_dir.parent.mkdir(parents=True, exist_ok=True)
+    git("init", "-q", "--bare", str(git_dir))
     with step(pin.distribution, f"fetching {new_ref} and the pin {pin.commit[:12]} from {pin.repository}"):
         proc = git("fetch", "-q", "--no-tags", pin.repository, new_ref, "+refs/tags/*:refs/tags/*", git_dir=git_dir, check=False)
         if proc.returncode != 0:
