@@ -16,7 +16,7 @@ import re
 
 from ..git import git, out
 from ..pins import Pin, load_project, set_pin_values
-from ..staging import write_atomically
+from ..staging import recover, write_atomically
 from . import versions
 from .state import PatchEntry, PinValues, RebaseState
 
@@ -27,26 +27,44 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 
 
 def write(root: pathlib.Path, state: RebaseState, work: pathlib.Path) -> None:
+    _remove_dropped(root / "patches" / state.name, state)  # what a run killed after the series did not remove: else unreadable
     project = load_project(root)
     old = state.old  # not the pin file's: a killed run may have moved it already
     pin = dataclasses.replace(project.pins[state.name], commit=old.commit, tree=old.tree, date=old.date, version=old.version)
+    lkg = pin.rebase.last_known_good
+    # A run killed inside write_atomically left its staged file beside the
+    # destination (NAME.<8 hex>): cleared, saying so, not left in patches/.
+    others = [project.pins[lkg.pin].pin_file] if lkg else []
+    for path in [*(pin.directory / e.name for e in state.patches), pin.directory / "series", pin.pin_file, *others]:
+        recover(path)
     git_dir = pathlib.Path(state.git_dir)
     dropped = {}
     for entry in state.patches:
         if entry.outcome.dropped:
             dropped[entry.name] = entry
-            (pin.directory / entry.name).unlink(missing_ok=True)
             continue
         text = git(*_FORMAT_PATCH, entry.commit, cwd=work, text=False).stdout
         write_atomically(pin.directory / entry.name, text)
     if dropped:
         _comment_out(pin.directory / "series", dropped, state.new_commit)
+        _remove_dropped(pin.directory, state)
     new = _move_pin(pin, git_dir, state.new_commit, state.notes)
     state.new = new
-    lkg = pin.rebase.last_known_good
     if lkg:
         target = project.pins[lkg.pin]
         state.notes.append(_last_known_good(git_dir, state, lkg.file, target))
+
+
+def _remove_dropped(folder: pathlib.Path, state: RebaseState) -> None:
+    """Remove the file of each dropped patch the series no longer names.
+    Only then: a series naming a missing file is a project no command reads
+    (load_project), and so is a file the series does not name, which a run
+    killed between the two leaves; --continue calls this before reading it."""
+    series = folder / "series"
+    named = {line.split("#", 1)[0].split()[0] for line in series.read_text().splitlines() if line.split("#", 1)[0].strip()}
+    for entry in state.patches:
+        if entry.outcome.dropped and entry.name not in named:
+            (folder / entry.name).unlink(missing_ok=True)
 
 
 def _comment_out(series: pathlib.Path, dropped: dict[str, PatchEntry], new_commit: str) -> None:
