@@ -494,6 +494,21 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
         raise
 
 
+def copy_atomically(src: pathlib.Path, dest: pathlib.Path) -> None:
+    """Copy a file (shutil.copy2) in one rename: `dest` is absent or whole,
+    never cut short by a kill, which leaves at most a staged `dest.<8 hex>`
+    beside it. For a file too big to hold in memory (write_atomically)."""
+    fd, tmp = _create_beside(dest)
+    os.close(fd)
+    try:
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with interrupts.held(raise_after=False):
+            pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def remove_file(path: pathlib.Path) -> None:
     """Remove a file (a record whose removal is a commit point), its
     folder then flushed: a lost machine does not find it again."""

@@ -62,7 +62,7 @@ from ..git import git
 from ..options import maxtext_requirement
 from ..pins import DISTRIBUTIONS, load_project
 from ..progress import step
-from ..staging import remove_tree, write_atomically
+from ..staging import recover, remove_tree, write_atomically
 from . import machine, state
 from .fasttests import run_fast_tests
 from .options import RebaseOptions
@@ -325,6 +325,7 @@ def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseRepo
     extra = load_project(root).options.maxtext.extra
     text = pyproject.read_text()
     if run.extra[0] != run.extra[1]:
+        recover(pyproject)  # the staged file of a run killed in this write
         write_atomically(pyproject, tomledit.set_value(text, ("project", "optional-dependencies"), extra, [run.extra[1]], where=str(pyproject)))
     if run.build:
         _build(root, run)

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Literal
 
 from ..errors import OverlayError
-from ..staging import remove_file, remove_tree, write_atomically
+from ..staging import recover, remove_file, remove_tree, write_atomically
 
 
 class Outcome(enum.StrEnum):
@@ -228,6 +228,8 @@ def restore(root: pathlib.Path, state_dir: pathlib.Path, touched: list[str]) -> 
     saved_root = state_dir / "backup"
     for rel in touched:
         dest, saved = root / rel, saved_root / rel
+        if rel != "constraints.txt":  # its staged files are the build's, cleared under the build's lock
+            recover(dest)  # the staged file of a rebase killed writing it (a patch folder's own go with it)
         if dest.is_dir():
             shutil.rmtree(dest)
         elif dest.exists() or dest.is_symlink():

@@ -13,6 +13,7 @@ from ..errors import OverlayError
 from ..git import git, inside_package, missing_blobs, out, reason
 from ..pins import Pin
 from ..progress import step
+from ..staging import copy_atomically
 
 
 def resolve(pin: Pin, new_ref: str, source: str | None, cache: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -167,7 +168,9 @@ def _link_objects(store: pathlib.Path, dest: pathlib.Path) -> None:
             try:
                 os.link(f, target)
             except OSError:  # another file system, or links not allowed
-                shutil.copy2(f, target)
+                # Whole or absent: a file that exists is taken as copied
+                # (above), so a copy a kill cut short must never be one.
+                copy_atomically(f, target)
 
 
 def checkout(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path) -> list[str]:
