@@ -34,6 +34,12 @@ What is atomic, and where:
   Cache entries are not fsynced: each is checked when it is reused (a
   wheel's sha256, a tree's git id, a record's own sha256), so one a crash
   left wrong is made again, never used.
+- The rebase writes the project's files (each patch, series, pin.toml,
+  pyproject.toml) with write_atomically and its state record too; the
+  record, written after the work it names and removed first at the end, is
+  the commit point that makes a set of such files one step (rebase/state.py):
+  a killed rebase leaves each file old or new, and the record says which
+  step to do again.
 - What a killed run leaves beside a destination (`DEST.partial-*`,
   `DEST.<8 hex>`) is removed by the next run that writes that destination,
   under the lock every writer of it holds (recover); a scratch folder in
