@@ -213,11 +213,11 @@ class ReleaseReport:
 
 
 def _dir(root: pathlib.Path) -> pathlib.Path:
-    return root / "build" / "rebase" / "release"
+    return state.Paths(root, "").release
 
 
 def _record(root: pathlib.Path) -> pathlib.Path:
-    return _dir(root) / "release.json"
+    return state.Paths(root, "").release_file
 
 
 def in_progress(root: pathlib.Path) -> bool:

@@ -149,12 +149,16 @@ class Paths:
 
     @property
     def release(self) -> pathlib.Path:
-        """`rebase --maxtext`'s own folder (release.py): its record is release.json."""
+        """`rebase --maxtext`'s own folder (release.py)."""
         return self.base / "release"
+
+    @property
+    def release_file(self) -> pathlib.Path:
+        return self.release / "release.json"
 
     def records(self) -> dict[pathlib.Path, pathlib.Path]:
         """Each folder of a rebase's state, and the record that makes it one."""
-        return {self.state: self.state_file, self.release: self.release / "release.json"}
+        return {self.state: self.state_file, self.release: self.release_file}
 
 
 def save(root: pathlib.Path, state: RebaseState) -> None:
@@ -166,9 +170,9 @@ def load(root: pathlib.Path) -> RebaseState:
     f = paths.state_file
     if not f.is_file():
         stale = [str(folder) for folder, record in paths.records().items() if folder.exists() and not record.exists()]
-        left = (f"; {' and '.join(stale)} {'is' if len(stale) == 1 else 'are'} what a rebase stopped before its start was recorded "
-                "or after its end was left (the project is as before it or as after it: see git status), which the next "
-                "start clears" if stale else "")
+        left = (f"; {' and '.join(stale)} {'is' if len(stale) == 1 else 'are'} left over from a rebase stopped before its start "
+                "was recorded or after its end was (the project is as before it or as after it: see git status), and the "
+                "next start clears it" if stale else "")
         raise OverlayError(f"no rebase is in progress ({f} does not exist{left}): start one with scripts/rebase.sh NAME NEW_REF.")
     try:
         return RebaseState.from_json(f.read_text())
@@ -204,8 +208,8 @@ def clear_stale(folder: pathlib.Path, record: pathlib.Path) -> None:
     the project is as before that run or as after it. (With the record, the
     run is in progress: the caller refuses to start.)"""
     if folder.exists() and not record.exists():
-        print(f"maxtext-rl-overlay: cleared {folder}: a rebase stopped before its start was recorded, or after its end was, "
-              "left it (no record in it); the project is as before that rebase or as after it.", file=sys.stderr, flush=True)
+        print(f"maxtext-rl-overlay: cleared {folder}: left over from a rebase stopped before its start was recorded or after "
+              "its end was (it held no record); the project is as before that rebase or as after it.", file=sys.stderr, flush=True)
         if not remove_tree(folder):
             raise OverlayError(f"{folder} could not be removed: remove it by hand, then start again.")
 
