@@ -101,6 +101,7 @@ class Point:
 NO_RUN = "no rebase is in progress"
 CLEARED = "cleared "
 CONT, ABORT = "--continue", "--abort"
+RESOLVE = "resolve"  # not a command: the person resolves the conflict the rebase stopped at (keeping the patch's line)
 ONTO, STOPS = "clean", "moved"  # the rebase onto `clean` (carries the series), and onto `moved` (stops at a conflict)
 RELEASE, RELEASE_STOPS = "--maxtext clean", "--maxtext moved"  # the same moves made as a MaxText release's
 POINTS = {
@@ -115,6 +116,8 @@ POINTS = {
     "start: the pin": Point(ONTO, "rename pin.toml:1", ((CONT, 0, ""),), ONTO),
     "start: before its end is recorded": Point(ONTO, "unlink state.json:1", ((CONT, 0, ""),), ONTO),
     "start: after its end was recorded": Point(ONTO, "remove state:1", ((CONT, 3, NO_RUN), (ABORT, 3, NO_RUN)), ONTO),
+    "start: a stop at a conflict, before its record": Point(STOPS, "rename state.json:3", ((CONT, 1, f"STOPPED at {PATCHES[1]}"),
+                                                                                      (RESOLVE, 0, ""), (CONT, 0, "")), STOPS),
     "--continue: before its first record": Point(CONT, "rename state.json:1", ((CONT, 0, ""),), STOPS, stop=STOPS),
     "--continue: mid git am": Point(CONT, "git am:1", ((CONT, 0, ""),), STOPS, stop=STOPS),
     "--continue: between two patch files": Point(CONT, f"rename {PATCHES[1]}:1", ((CONT, 0, ""),), STOPS, stop=STOPS),
@@ -126,7 +129,8 @@ POINTS = {
                                   "original", stop=STOPS),
     "--abort: after its end was recorded": Point(ABORT, "remove state:1", ((ABORT, 3, NO_RUN), (ONTO, 0, CLEARED)), ONTO, stop=STOPS),
     "--maxtext: mid backup": Point(RELEASE, "copy pyproject.toml:1", ((CONT, 3, "build/rebase/release"), (RELEASE, 0, CLEARED)), RELEASE),
-    "--maxtext: mid git am": Point(RELEASE, "git am:2", ((RELEASE, 3, "--continue"), (CONT, 0, "")), RELEASE),
+    "--maxtext: mid git am": Point(RELEASE, "git am:2", ((RELEASE, 3, "--continue"), (ONTO, 3, "--maxtext is in progress"), (CONT, 0, "")),
+                                   RELEASE),
     "--maxtext: a move ended, not yet recorded": Point(RELEASE, "rename release.json:2", ((CONT, 0, "by a run that was stopped"),), RELEASE),
     "--maxtext: pyproject.toml": Point(RELEASE, "rename pyproject.toml:1", ((CONT, 0, ""),), RELEASE),
     "--maxtext: after its end was recorded": Point(RELEASE, "remove release:1", ((CONT, 3, NO_RUN),), RELEASE),
@@ -208,6 +212,10 @@ def _stop_and_resolve(project: pathlib.Path, world: World, stop: str, resolve: s
     person resolves: keeping the patch's line, or upstream's (a drop)."""
     stopped = _tool(project, world, stop)
     assert stopped.returncode == 1 and f"STOPPED at {PATCHES[1]}" in stopped.stdout, stopped.stdout + stopped.stderr
+    _resolve(project, resolve)
+
+
+def _resolve(project: pathlib.Path, resolve: str) -> None:
     work = project / "build" / "rebase" / "tpu-inference"
     if resolve == "keep":
         (work / SMALL_CODE).write_text("A = 3\n")
@@ -266,6 +274,9 @@ def test_a_rebase_killed_at_an_instant_is_taken_up_and_ends_as_an_unkilled_one(w
     assert killed.returncode == -9, f"{name}: not killed at {point.at} (status {killed.returncode}):\n{killed.stdout}{killed.stderr}"
     said = []
     for command, status, words in point.then:
+        if command == RESOLVE:
+            _resolve(project, "keep")
+            continue
         after = _tool(project, world, command)
         output = after.stdout + after.stderr
         assert after.returncode == status, f"{name}: {command} is status {after.returncode}, not {status}:\n{output}"
