@@ -275,6 +275,9 @@ def _cmd_rebase(args: argparse.Namespace) -> int:
         if args.find_base:
             print(rebase.render_base(args.name, rebase.find_base(opts)))
             return ExitCode.OK
+        if rebase.release.in_progress(root):  # its moves are this command's too: one at a time
+            raise OverlayError("a rebase --maxtext is in progress: finish it with scripts/rebase.sh --continue or undo it with "
+                               "scripts/rebase.sh --abort first.")
         report = rebase.start(opts)
     print(rebase.render(report))
     return ExitCode.CHECK_FAILED if report.needs_action else ExitCode.OK

@@ -25,6 +25,7 @@ from .options import (
     table,
     version,
 )
+from .staging import write_atomically
 
 #: Build order, and the names --only and --source accept.
 DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
@@ -250,4 +251,4 @@ def set_pin_values(path: pathlib.Path, values: dict[str, str]) -> None:
     text = path.read_text()
     for key, value in values.items():
         text = tomledit.set_value(text, (), key, value, where=str(path))
-    path.write_text(text)
+    write_atomically(path, text)  # a run killed meanwhile leaves the old file or the new one, never half of it

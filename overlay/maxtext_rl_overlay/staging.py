@@ -34,6 +34,12 @@ What is atomic, and where:
   Cache entries are not fsynced: each is checked when it is reused (a
   wheel's sha256, a tree's git id, a record's own sha256), so one a crash
   left wrong is made again, never used.
+- The rebase writes the project's files (each patch, series, pin.toml,
+  pyproject.toml) with write_atomically and its state record too; the
+  record, written after the work it names and removed first at the end, is
+  the commit point that makes a set of such files one step (rebase/state.py):
+  a killed rebase leaves each file old or new, and the record says which
+  step to do again.
 - What a killed run leaves beside a destination (`DEST.partial-*`,
   `DEST.<8 hex>`) is removed by the next run that writes that destination,
   under the lock every writer of it holds (recover); a scratch folder in
@@ -492,6 +498,28 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
         with interrupts.held(raise_after=False):
             pathlib.Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def copy_atomically(src: pathlib.Path, dest: pathlib.Path) -> None:
+    """Copy a file (shutil.copy2) in one rename: `dest` is absent or whole,
+    never cut short by a kill, which leaves at most a staged `dest.<8 hex>`
+    beside it. For a file too big to hold in memory (write_atomically)."""
+    fd, tmp = _create_beside(dest)
+    os.close(fd)
+    try:
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        with interrupts.held(raise_after=False):
+            pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def remove_file(path: pathlib.Path) -> None:
+    """Remove a file (a record whose removal is a commit point), its
+    folder then flushed: a lost machine does not find it again."""
+    path.unlink(missing_ok=True)
+    _sync_dir(path.parent)
 
 
 def _create_beside(path: pathlib.Path) -> tuple[int, str]:

@@ -155,3 +155,15 @@ def test_recover_touches_only_what_a_run_stages_beside_its_destination(tmp_path,
     assert staging.recover(dest) == []
     os.remove(dest)
     assert staging.recover(tmp_path / "absent" / "x") == []
+
+
+def test_copy_atomically_gives_a_whole_copy_and_nothing_beside_it(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "out" / "dest"
+    src.write_bytes(b"x" * 100_000)
+    dest.parent.mkdir()
+    staging.copy_atomically(src, dest)
+    assert dest.read_bytes() == src.read_bytes()
+    assert [p.name for p in dest.parent.iterdir()] == ["dest"]
+    with pytest.raises(FileNotFoundError):
+        staging.copy_atomically(tmp_path / "absent", tmp_path / "out" / "other")
+    assert [p.name for p in dest.parent.iterdir()] == ["dest"], "a failed copy leaves no staged file"

@@ -305,12 +305,17 @@ def small_patch(repo: pathlib.Path, base: str, text: str, dest: pathlib.Path) ->
 def small_project(tmp_path: pathlib.Path, repo: pathlib.Path, pin: str, patch: pathlib.Path) -> pathlib.Path:
     """A git-tracked copy of the project (tmp_path/project): tpu-inference
     pinned to `pin` of `repo`, its series `patch` alone."""
-    project = tmp_path / "project"
+    return series_project(tmp_path / "project", repo, pin, [patch])
+
+
+def series_project(project: pathlib.Path, repo: pathlib.Path, pin: str, patches: list[pathlib.Path]) -> pathlib.Path:
+    """A git-tracked copy of the project in `project`: tpu-inference pinned
+    to `pin` of `repo`, its series `patches`."""
     project.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
         shutil.copy2(ROOT / name, project / name)
     shutil.copytree(ROOT / "patches", project / "patches")
-    pin_series(project, "tpu-inference", repo, pin, [patch])
+    pin_series(project, "tpu-inference", repo, pin, patches)
     git(project, "init", "-q", "-b", "main")
     commit_files(project, {}, "project copy", "2026-11-01T00:00:00+00:00")
     return project

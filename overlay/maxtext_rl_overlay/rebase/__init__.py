@@ -24,6 +24,15 @@ A patch that upstream already contains (it reverse-applies cleanly, or its
 <upstream commit> is the upstream commit with the same `git patch-id` when
 there is one between the old and the new pin, else the new pin commit itself.
 
+A rebase killed at any instant (SIGKILL, the OOM killer, a preempted
+machine: no cleanup runs) leaves nothing the next command takes for a
+result: the state record is the commit point of each step (state.py), every
+project file is written whole (staging.write_atomically), --continue takes
+the run up from its record (the work clone rewound to the last recorded
+patch, the series written again), --abort finishes an abort cut short, and a
+start clears a state folder without its record, saying so; a refusal says
+what it found and what to run (README, "What a failure leaves behind").
+
 What differs between distributions is data, in patches/<NAME>/pin.toml
 [rebase] (pins.RebasePolicy): the rule naming the new version, and a file of
 the upstream naming the commit of another pin its CI verified.

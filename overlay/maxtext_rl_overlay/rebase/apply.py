@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime
 import pathlib
 import re
+import shutil
+from collections.abc import Callable
 
 from .. import patchfile
 from ..errors import OverlayError
@@ -54,9 +56,13 @@ def apply_one(work: pathlib.Path, patch: pathlib.Path, entry: PatchEntry, old: s
     return entry.outcome
 
 
-def take_resolution(work: pathlib.Path, entry: PatchEntry, new_commit: str, patch: pathlib.Path) -> None:
+def take_resolution(work: pathlib.Path, entry: PatchEntry, new_commit: str, patch: pathlib.Path,
+                    record: Callable[[], None]) -> None:
     """--continue at the conflicted `entry`: commit what the person resolved
-    in `work`, or drop the patch when they resolved it to upstream's content."""
+    in `work`, or drop the patch when they resolved it to upstream's content.
+    A drop is recorded (`record`) before git am --skip: after it, the work
+    clone alone could not tell it from a git am ended by hand (a kill between
+    the two is then rewound to the same HEAD); a commit tells itself."""
     if _in_am(work):
         unmerged = unmerged_files(work)
         if unmerged:
@@ -66,8 +72,9 @@ def take_resolution(work: pathlib.Path, entry: PatchEntry, new_commit: str, patc
                 "(or scripts/rebase.sh --abort)."
             )
         if not _staged(work):
-            git("am", "--skip", cwd=work)
             entry.outcome, entry.detail = Outcome.DROPPED_BY_HAND, f"resolved to the content of {new_commit[:12]}"
+            record()
+            git("am", "--skip", cwd=work)
         else:
             proc = git("am", "--continue", cwd=work, check=False)
             if proc.returncode != 0:
@@ -82,6 +89,19 @@ def take_resolution(work: pathlib.Path, entry: PatchEntry, new_commit: str, patc
             )
         entry.outcome, entry.commit = Outcome.RESOLVED, head  # the person ran git am --continue
     entry.detail = entry.detail or "resolved in the work clone"
+
+
+def rewind(work: pathlib.Path, head: str) -> None:
+    """Put the work clone back at `head`, the last patch the state records,
+    for a run killed while applying the next one (in git am, or after it,
+    before its record): that patch is then applied again. Nothing else
+    works in the work clone meanwhile (no conflict was left to a person),
+    so what a killed git left (its am folder, index.lock) is stale."""
+    git("am", "--abort", cwd=work, check=False)
+    shutil.rmtree(work / ".git" / "rebase-apply", ignore_errors=True)
+    (work / ".git" / "index.lock").unlink(missing_ok=True)
+    git("reset", "-q", "--hard", head, cwd=work)
+    git("clean", "-q", "-f", "-d", cwd=work)
 
 
 def where_upstream(work: pathlib.Path, patch: pathlib.Path, old: str, new: str) -> str:

@@ -1,14 +1,22 @@
 """Writing a carried series into the project: the patches re-exported in
 place, a comment in `series` for each dropped one, the pin moved, and the
-last-known-good commit of another pin reported (or applied)."""
+last-known-good commit of another pin reported (or applied).
+
+Each file is written whole or not at all (write_atomically), and the whole
+writing may be done again: a run killed between two files leaves some new
+and some old, and --continue (the state still says "write") writes every
+one again from the work clone and the pin's old values in the state, to the
+same bytes an unkilled run writes."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 
 from ..git import git, out
 from ..pins import Pin, load_project, set_pin_values
+from ..staging import recover, write_atomically
 from . import versions
 from .state import PatchEntry, PinValues, RebaseState
 
@@ -19,25 +27,44 @@ _HEX40 = re.compile(r"[0-9a-f]{40}")
 
 
 def write(root: pathlib.Path, state: RebaseState, work: pathlib.Path) -> None:
+    _remove_dropped(root / "patches" / state.name, state)  # what a run killed after the series did not remove: else unreadable
     project = load_project(root)
-    pin = project.pins[state.name]
+    old = state.old  # not the pin file's: a killed run may have moved it already
+    pin = dataclasses.replace(project.pins[state.name], commit=old.commit, tree=old.tree, date=old.date, version=old.version)
+    lkg = pin.rebase.last_known_good
+    # A run killed inside write_atomically left its staged file beside the
+    # destination (NAME.<8 hex>): cleared, saying so, not left in patches/.
+    others = [project.pins[lkg.pin].pin_file] if lkg else []
+    for path in [*(pin.directory / e.name for e in state.patches), pin.directory / "series", pin.pin_file, *others]:
+        recover(path)
     git_dir = pathlib.Path(state.git_dir)
     dropped = {}
     for entry in state.patches:
         if entry.outcome.dropped:
             dropped[entry.name] = entry
-            (pin.directory / entry.name).unlink(missing_ok=True)
             continue
         text = git(*_FORMAT_PATCH, entry.commit, cwd=work, text=False).stdout
-        (pin.directory / entry.name).write_bytes(text)
+        write_atomically(pin.directory / entry.name, text)
     if dropped:
         _comment_out(pin.directory / "series", dropped, state.new_commit)
+        _remove_dropped(pin.directory, state)
     new = _move_pin(pin, git_dir, state.new_commit, state.notes)
     state.new = new
-    lkg = pin.rebase.last_known_good
     if lkg:
         target = project.pins[lkg.pin]
         state.notes.append(_last_known_good(git_dir, state, lkg.file, target))
+
+
+def _remove_dropped(folder: pathlib.Path, state: RebaseState) -> None:
+    """Remove the file of each dropped patch the series no longer names.
+    Only then: a series naming a missing file is a project no command reads
+    (load_project), and so is a file the series does not name, which a run
+    killed between the two leaves; --continue calls this before reading it."""
+    series = folder / "series"
+    named = {line.split("#", 1)[0].split()[0] for line in series.read_text().splitlines() if line.split("#", 1)[0].strip()}
+    for entry in state.patches:
+        if entry.outcome.dropped and entry.name not in named:
+            (folder / entry.name).unlink(missing_ok=True)
 
 
 def _comment_out(series: pathlib.Path, dropped: dict[str, PatchEntry], new_commit: str) -> None:
@@ -51,7 +78,7 @@ def _comment_out(series: pathlib.Path, dropped: dict[str, PatchEntry], new_commi
             line = (f"# Applied-Upstream: {entry.name} in {where} (\"{entry.subject}\"); "
                     f"dropped by scripts/rebase.sh onto {new_commit}")
         lines.append(line)
-    series.write_text("\n".join(lines) + "\n")
+    write_atomically(series, "\n".join(lines) + "\n")
 
 
 def _move_pin(pin: Pin, git_dir: pathlib.Path, new_commit: str, notes: list[str]) -> PinValues:

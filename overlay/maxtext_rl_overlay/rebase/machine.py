@@ -1,7 +1,13 @@
 """The rebase as a resumable run: start (checks, backup, work clone), the
 series patch by patch (a conflict saves the state and stops), --continue
 from the stopped patch, then writing, the optional build and the fast tests;
---abort puts every touched file back from the backup."""
+--abort puts every touched file back from the backup.
+
+The state record is the commit point of each step (see state.py): a rebase
+killed at any instant is taken up by --continue from the last step the
+record names (the work clone rewound to it, the series written again), or
+undone by --abort; a run killed before its start was recorded, or after
+its end was, left only a folder that the next start clears, saying so."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import time
 
 from .. import buildcache, patchfile, sources
 from ..errors import OverlayError
-from ..git import git
+from ..git import git, out
 from ..pins import DISTRIBUTIONS, Pin, load_project
 from ..progress import step
 from . import apply, export, state, upstream
@@ -31,10 +37,7 @@ def start(opts: RebaseOptions) -> Report:
     paths = Paths(root, opts.name)
     if paths.state_file.exists():
         other = state.load(root)
-        raise OverlayError(
-            f"a rebase of {other.name} is in progress ({paths.state}): finish it with scripts/rebase.sh --continue "
-            "or undo it with scripts/rebase.sh --abort."
-        )
+        raise state.in_progress_error(paths.state_file, other.aborting, f"a rebase of {other.name}")
     if opts.check_clean:
         refuse_dirty(root)
     pin = load_project(root).pins[opts.name]
@@ -53,24 +56,25 @@ def _start(opts: RebaseOptions, root: pathlib.Path, paths: Paths, pin: Pin, patc
     if not upstream.has_commit(git_dir, pin.commit):
         notes.append(f"the upstream repository lacks the old pin {pin.commit[:12]}: no 3-way merge base for changed context, no Applied-Upstream search")
     touched = list(pin.rebase.touched(opts.name))
-    # The backup comes before any change to the project.
-    if paths.state.exists():
-        shutil.rmtree(paths.state)
+    # The backup comes before any change to the project, and the record
+    # after the backup and the work clone: it is what makes them the run's.
+    state.clear_stale(paths.state, paths.state_file)
     paths.state.mkdir(parents=True)
     try:
         state.backup(root, paths.state, touched)
         with step(opts.name, f"checking out {opts.new_ref} ({new_commit[:12]}) in {paths.work}"):
             notes += upstream.work_clone(pin, git_dir, new_commit, paths.work, pin.commit, [p.path for p in patches])
+        run = RebaseState(
+            name=opts.name, new_ref=opts.new_ref, new_commit=new_commit, git_dir=str(git_dir), source=opts.source,
+            build=opts.build, build_sources=dict(opts.build_sources), standins=opts.standins, apply_vllm_lkg=opts.apply_vllm_lkg,
+            run_tests=opts.run_tests, cache=str(cache), touched=touched,
+            old=PinValues(pin.commit, pin.tree, pin.date, pin.version),
+            patches=[PatchEntry(p.name, p.subject) for p in patches], notes=notes, base=out("rev-parse", "HEAD", cwd=paths.work),
+        )
+        state.save(root, run)
     except BaseException:
         shutil.rmtree(paths.state, ignore_errors=True)  # nothing was changed yet
         raise
-    run = RebaseState(
-        name=opts.name, new_ref=opts.new_ref, new_commit=new_commit, git_dir=str(git_dir), source=opts.source,
-        build=opts.build, build_sources=dict(opts.build_sources), standins=opts.standins, apply_vllm_lkg=opts.apply_vllm_lkg,
-        run_tests=opts.run_tests, cache=str(cache), touched=touched,
-        old=PinValues(pin.commit, pin.tree, pin.date, pin.version),
-        patches=[PatchEntry(p.name, p.subject) for p in patches], notes=notes,
-    )
     for note in notes:
         step.note(opts.name, note)
     return _run(root, run, began)
@@ -82,10 +86,17 @@ def resume(root: pathlib.Path) -> Report:
     root = root.resolve()
     run = state.load(root)
     paths = Paths(root, run.name)
+    if run.aborting:
+        raise state.in_progress_error(paths.state_file, aborting=True)
     with buildcache.using(pathlib.Path(run.cache)):
         if run.phase == "applying":
             entry = run.conflicted()
-            apply.take_resolution(paths.work, entry, run.new_commit, _backed_up_patch(paths, entry))
+            if entry is None:  # a run killed while applying: undo what it did after its last record, and go on
+                apply.rewind(paths.work, run.head())
+            else:
+                apply.take_resolution(paths.work, entry, run.new_commit, _backed_up_patch(paths, entry),
+                                      record=lambda: state.save(root, run))
+                state.save(root, run)
         return _run(root, run, began)
 
 
@@ -93,10 +104,13 @@ def abort(root: pathlib.Path) -> str:
     root = root.resolve()
     run = state.load(root)
     paths = Paths(root, run.name)
+    if not run.aborting:
+        run.aborting = True  # first: an abort cut short is finished by --abort, not built on by --continue
+        state.save(root, run)
     state.restore(root, paths.state, run.touched)
     for folder in (paths.work, paths.find):
         shutil.rmtree(folder, ignore_errors=True)
-    shutil.rmtree(paths.state)
+    state.finish(paths.state, paths.state_file)
     shown = [f"{t}/" if (root / t).is_dir() else t for t in run.touched]
     return (
         f"rebase of {run.name} onto {run.new_ref} aborted: {', '.join(shown[:-1])} and {shown[-1]} "
@@ -121,6 +135,7 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
                 run.seconds += time.monotonic() - began
                 state.save(root, run)
                 return _stopped_report(root, run, patch)
+            state.save(root, run)  # the patch's outcome: a kill after this does not apply it again
         run.phase = "write"
         state.save(root, run)
     if run.phase == "write":
@@ -129,7 +144,7 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
         state.save(root, run)
     if run.build:
         _build(root, run)
-    shutil.rmtree(paths.state)
+    state.finish(paths.state, paths.state_file)
     report = _report(run)
     if run.run_tests:
         tests = run_fast_tests(root, rebuilt=run.build)
@@ -181,6 +196,7 @@ def _stopped_report(root: pathlib.Path, run: RebaseState, patch: pathlib.Path) -
     report = _report(run)
     report.stopped = True
     entry = run.conflicted()
+    assert entry is not None, "a stopped run has a conflicted patch"
     work = Paths(root, run.name).work
     if apply.unmerged_files(work):
         what = f"it conflicts with {run.new_ref} ({run.new_commit[:12]}) in {entry.detail or 'the files it touches'}.\n"

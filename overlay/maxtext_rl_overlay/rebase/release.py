@@ -32,6 +32,14 @@ failed --build leaves the state too: --continue builds again. The --source
 paths come absolute (the command line resolves them), so --continue runs
 from anywhere in the checkout, the work clone included. A later field is added with a default in
 ReleaseState, so an older state still loads.
+
+A kill at any instant (SIGKILL, the OOM killer, a lost machine) is taken up
+as the distribution's rebase's is (state.py): release.json is written whole,
+after the backup and after each finished move; it is removed first at the
+end; --abort marks it first and is finished by --abort again. A move whose
+distribution's rebase ended but was killed before release.json recorded it
+is found by its pin, already at the release's commit, and not made again
+(its report is lost: the move's line says so).
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ from ..git import git
 from ..options import maxtext_requirement
 from ..pins import DISTRIBUTIONS, load_project
 from ..progress import step
-from ..staging import write_atomically
+from ..staging import recover, remove_tree, write_atomically
 from . import machine, state
 from .fasttests import run_fast_tests
 from .options import RebaseOptions
@@ -190,6 +198,7 @@ class ReleaseState:
     cache: str = ""
     seconds: float = 0.0
     clones: list[str] = dataclasses.field(default_factory=list)  # the distributions whose work clones the move makes
+    aborting: bool = False  # an --abort began: only --abort goes on from here
 
 
 @dataclasses.dataclass
@@ -204,19 +213,23 @@ class ReleaseReport:
 
 
 def _dir(root: pathlib.Path) -> pathlib.Path:
-    return root / "build" / "rebase" / "release"
+    return state.Paths(root, "").release
+
+
+def _record(root: pathlib.Path) -> pathlib.Path:
+    return state.Paths(root, "").release_file
 
 
 def in_progress(root: pathlib.Path) -> bool:
-    return (_dir(root.resolve()) / "release.json").is_file()
+    return _record(root.resolve()).is_file()
 
 
 def _save(root: pathlib.Path, run: ReleaseState) -> None:
-    write_atomically(_dir(root) / "release.json", json.dumps(dataclasses.asdict(run), indent=1))
+    write_atomically(_record(root), json.dumps(dataclasses.asdict(run), indent=1))
 
 
 def _load(root: pathlib.Path) -> ReleaseState:
-    f = _dir(root) / "release.json"
+    f = _record(root)
     try:
         return ReleaseState(**json.loads(f.read_text()))
     except (OSError, ValueError, TypeError) as exc:
@@ -227,10 +240,10 @@ def _load(root: pathlib.Path) -> ReleaseState:
 def start(opts: ReleaseOptions) -> ReleaseReport:
     began = time.monotonic()
     root = opts.project_root.resolve()
-    for busy in (state.Paths(root, "").state_file, _dir(root) / "release.json"):
-        if busy.exists():
-            raise OverlayError(f"a rebase is in progress ({busy.parent}): finish it with scripts/rebase.sh --continue "
-                               "or undo it with scripts/rebase.sh --abort.")
+    if in_progress(root):
+        raise state.in_progress_error(_record(root), _load(root).aborting, "a rebase --maxtext")
+    if state.Paths(root, "").state_file.exists():
+        raise state.in_progress_error(state.Paths(root, "").state_file, state.load(root).aborting)
     machine.refuse_dirty(root)
     cache = opts.cache or sources.cache_root()
     with buildcache.using(cache):  # the release wheel goes into it; `clean` waits
@@ -240,27 +253,35 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
     pins = load_project(root).pins
     touched = sorted({t for m in the_plan.moving for t in pins[m.name].rebase.touched(m.name)} | {"pyproject.toml"})
     folder = _dir(root)
-    if folder.exists():
-        shutil.rmtree(folder)
+    state.clear_stale(folder, _record(root))
     folder.mkdir(parents=True)
     state.backup(root, folder, touched)  # before the first change: --abort restores the whole move from it
     run = ReleaseState(the_plan.version, list(the_plan.extra), [{"name": m.name, "commit": m.new, "source": m.source} for m in the_plan.moving],
                        the_plan.lines(), touched=touched, sources=dict(opts.sources), build=opts.build, standins=opts.standins,
                        run_tests=opts.run_tests, cache=str(cache), clones=[m.name for m in the_plan.moving])
-    _save(root, run)
+    _save(root, run)  # the commit point of the start: the backup is whole
     return _advance(root, run, began)
 
 
 def resume(root: pathlib.Path) -> ReleaseReport:
     root = root.resolve()
-    return _advance(root, _load(root), time.monotonic())
+    run = _load(root)
+    if run.aborting:
+        raise state.in_progress_error(_record(root), aborting=True, what="a rebase --maxtext")
+    return _advance(root, run, time.monotonic())
 
 
 def abort(root: pathlib.Path) -> str:
     root = root.resolve()
     run = _load(root)
-    if state.Paths(root, "").state_file.is_file():
+    if not run.aborting:
+        run.aborting = True  # first: an abort cut short is finished by --abort, not built on by --continue
+        _save(root, run)
+    paths = state.Paths(root, "")
+    if paths.state_file.is_file():
         machine.abort(root)  # the stopped distribution's work clone and state
+    elif paths.state.exists():
+        remove_tree(paths.state)  # a distribution's rebase killed before its start was recorded, or after its end was
     state.restore(root, _dir(root), run.touched)
     removed = []
     for name in run.clones:  # the finished moves' work clones too
@@ -269,7 +290,7 @@ def abort(root: pathlib.Path) -> str:
             if folder.exists():
                 shutil.rmtree(folder)
                 removed.append(str(folder.relative_to(root)))
-    shutil.rmtree(_dir(root))
+    state.finish(_dir(root), _record(root))
     return (f"rebase --maxtext {run.version} aborted: {', '.join(run.touched)} restored from the backup taken before the first change"
             + (f"; work clones removed: {', '.join(removed)}." if removed else "."))
 
@@ -279,6 +300,13 @@ def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseRepo
         move = run.queue[0]
         if state.Paths(root, "").state_file.is_file():
             report = machine.resume(root)  # the move that stopped, resolved by the person
+        elif load_project(root).pins[move["name"]].commit == move["commit"]:
+            # Its rebase ended (its record is gone) and this run was killed before recording that: done, not made again.
+            run.tables.append(f"{move['name']}: moved to {move['commit'][:12]} by a run that was stopped before it recorded "
+                              "the move (its table was lost with it)")
+            run.queue.pop(0)
+            _save(root, run)
+            continue
         else:
             others = {n: p for n, p in run.sources.items() if n != move["name"]}
             report = machine.start(RebaseOptions(root, move["name"], move["commit"], source=move["source"], build_sources=others,
@@ -297,10 +325,11 @@ def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseRepo
     extra = load_project(root).options.maxtext.extra
     text = pyproject.read_text()
     if run.extra[0] != run.extra[1]:
-        pyproject.write_text(tomledit.set_value(text, ("project", "optional-dependencies"), extra, [run.extra[1]], where=str(pyproject)))
+        recover(pyproject)  # the staged file of a run killed in this write
+        write_atomically(pyproject, tomledit.set_value(text, ("project", "optional-dependencies"), extra, [run.extra[1]], where=str(pyproject)))
     if run.build:
         _build(root, run)
-    shutil.rmtree(_dir(root))
+    state.finish(_dir(root), _record(root))
     lines = ["\n".join(run.plan), *run.tables]
     ok = True
     if run.run_tests:

@@ -1,6 +1,23 @@
 """What a rebase remembers between its start, a stop at a conflict and
 --continue or --abort (build/rebase/state/state.json), and the backup of
-every project file it may write, taken before the first change."""
+every project file it may write, taken before the first change.
+
+The record is the commit point of every step, so that a rebase killed at
+any instant (SIGKILL, the OOM killer, a lost machine: no cleanup runs) is
+taken up where the record says, never from a guess:
+- it is written whole or not at all (write_atomically);
+- it is written last when a step begins (after the backup and the work
+  clone at the start; after each patch's outcome; before the series is
+  written), so the work it names is done; a step cut short is redone from
+  the record (--continue rewinds the work clone to the last patch it names,
+  and writes the series again: every file of it whole, write_atomically);
+- it is removed first when a run ends (finish): a folder without its record
+  is what a run killed before its start was recorded, or after its end was,
+  left. The project is then as before that run or as after it, and the next
+  start clears the folder, saying so (clear_stale);
+- --abort marks it first (`aborting`), and restoring is idempotent: an abort
+  cut short is finished by --abort again, and --continue or a fresh start
+  says so rather than building on a half-restored project."""
 
 from __future__ import annotations
 
@@ -9,10 +26,11 @@ import enum
 import json
 import pathlib
 import shutil
+import sys
 from typing import Any, Literal
 
 from ..errors import OverlayError
-from ..staging import write_atomically
+from ..staging import recover, remove_file, remove_tree, write_atomically
 
 
 class Outcome(enum.StrEnum):
@@ -75,9 +93,17 @@ class RebaseState:
     new: PinValues | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    base: str = ""  # the work clone's HEAD before the first patch (the new commit, or a stand-in on it)
+    aborting: bool = False  # an --abort began: only --abort goes on from here
 
-    def conflicted(self) -> PatchEntry:
-        return next(p for p in self.patches if p.outcome == Outcome.CONFLICT)
+    def conflicted(self) -> PatchEntry | None:
+        return next((p for p in self.patches if p.outcome == Outcome.CONFLICT), None)
+
+    def head(self) -> str:
+        """The work clone's HEAD after the last patch the record gives an
+        outcome (its commit; a dropped one's is the HEAD it left)."""
+        done = [p for p in self.patches if p.outcome != Outcome.PENDING]
+        return done[-1].commit if done else (self.base or self.new_commit)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -121,15 +147,33 @@ class Paths:
     def find(self) -> pathlib.Path:
         return self.base / f"{self.name}.find-base"
 
+    @property
+    def release(self) -> pathlib.Path:
+        """`rebase --maxtext`'s own folder (release.py)."""
+        return self.base / "release"
+
+    @property
+    def release_file(self) -> pathlib.Path:
+        return self.release / "release.json"
+
+    def records(self) -> dict[pathlib.Path, pathlib.Path]:
+        """Each folder of a rebase's state, and the record that makes it one."""
+        return {self.state: self.state_file, self.release: self.release_file}
+
 
 def save(root: pathlib.Path, state: RebaseState) -> None:
     write_atomically(Paths(root, state.name).state_file, state.to_json())
 
 
 def load(root: pathlib.Path) -> RebaseState:
-    f = Paths(root, "").state_file
+    paths = Paths(root, "")
+    f = paths.state_file
     if not f.is_file():
-        raise OverlayError(f"no rebase is in progress ({f} does not exist): start one with scripts/rebase.sh NAME NEW_REF.")
+        stale = [str(folder) for folder, record in paths.records().items() if folder.exists() and not record.exists()]
+        left = (f"; {' and '.join(stale)} {'is' if len(stale) == 1 else 'are'} left over from a rebase stopped before its start "
+                "was recorded or after its end was (the project is as before it or as after it: see git status), and the "
+                "next start clears it" if stale else "")
+        raise OverlayError(f"no rebase is in progress ({f} does not exist{left}): start one with scripts/rebase.sh NAME NEW_REF.")
     try:
         return RebaseState.from_json(f.read_text())
     except (ValueError, KeyError, TypeError) as exc:
@@ -139,6 +183,35 @@ def load(root: pathlib.Path) -> RebaseState:
             f"{f} is not a rebase state this version of the tool reads ({exc}). Undo the rebase by hand: "
             f"`git checkout -- patches constraints.txt` in {root}, then remove {f.parent.parent}."
         ) from None
+
+
+def in_progress_error(record: pathlib.Path, aborting: bool, what: str = "a rebase") -> OverlayError:
+    """What a start, or --continue, says of `what` (a rebase) whose record exists."""
+    if aborting:
+        return OverlayError(f"an --abort of {what} ({record.parent}) was stopped before it finished, so the project may be half "
+                            "restored: finish it with scripts/rebase.sh --abort.")
+    return OverlayError(f"{what} is in progress ({record.parent}): finish it with scripts/rebase.sh --continue "
+                        "or undo it with scripts/rebase.sh --abort.")
+
+
+def finish(folder: pathlib.Path, record: pathlib.Path) -> None:
+    """End a run: its record first (the commit point: from here no command
+    takes the run up), then the rest of `folder` (the backup), which a kill
+    may cut short harmlessly."""
+    remove_file(record)
+    remove_tree(folder)
+
+
+def clear_stale(folder: pathlib.Path, record: pathlib.Path) -> None:
+    """Remove `folder` when it lacks its `record`, saying what it was: a run
+    killed before its start was recorded or after its end was left it, and
+    the project is as before that run or as after it. (With the record, the
+    run is in progress: the caller refuses to start.)"""
+    if folder.exists() and not record.exists():
+        print(f"maxtext-rl-overlay: cleared {folder}: left over from a rebase stopped before its start was recorded or after "
+              "its end was (it held no record); the project is as before that rebase or as after it.", file=sys.stderr, flush=True)
+        if not remove_tree(folder):
+            raise OverlayError(f"{folder} could not be removed: remove it by hand, then start again.")
 
 
 def backup(root: pathlib.Path, state_dir: pathlib.Path, touched: list[str]) -> None:
@@ -153,9 +226,14 @@ def backup(root: pathlib.Path, state_dir: pathlib.Path, touched: list[str]) -> N
 
 
 def restore(root: pathlib.Path, state_dir: pathlib.Path, touched: list[str]) -> None:
+    """Put every touched path back from the backup. Idempotent, so that an
+    --abort killed midway (a path removed and not yet copied back) is
+    finished by --abort again: the record stays until the end (finish)."""
     saved_root = state_dir / "backup"
     for rel in touched:
         dest, saved = root / rel, saved_root / rel
+        if rel != "constraints.txt":  # its staged files are the build's, cleared under the build's lock
+            recover(dest)  # the staged file of a rebase killed writing it (a patch folder's own go with it)
         if dest.is_dir():
             shutil.rmtree(dest)
         elif dest.exists() or dest.is_symlink():

@@ -13,6 +13,7 @@ from ..errors import OverlayError
 from ..git import git, inside_package, missing_blobs, out, reason
 from ..pins import Pin
 from ..progress import step
+from ..staging import copy_atomically
 
 
 def resolve(pin: Pin, new_ref: str, source: str | None, cache: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -38,9 +39,10 @@ def _fetch(pin: Pin, new_ref: str, cache: pathlib.Path) -> pathlib.Path:
     """NEW_REF (as refs/mrl/new), the tags and the pin, fetched from the pin's repository."""
     buildcache.claim(cache)  # tagged as the tool's before anything goes in, as a build does
     git_dir = cache / "git" / f"{pin.distribution}-rebase.git"
-    if not git_dir.exists():
-        git_dir.parent.mkdir(parents=True, exist_ok=True)
-        git("init", "-q", "--bare", str(git_dir))
+    # Every time, not only when the folder is missing: git init completes a
+    # repository a killed run left half made, and changes nothing in a whole one.
+    git_dir.parent.mkdir(parents=True, exist_ok=True)
+    git("init", "-q", "--bare", str(git_dir))
     with step(pin.distribution, f"fetching {new_ref} and the pin {pin.commit[:12]} from {pin.repository}"):
         proc = git("fetch", "-q", "--no-tags", pin.repository, new_ref, "+refs/tags/*:refs/tags/*", git_dir=git_dir, check=False)
         if proc.returncode != 0:
@@ -166,7 +168,9 @@ def _link_objects(store: pathlib.Path, dest: pathlib.Path) -> None:
             try:
                 os.link(f, target)
             except OSError:  # another file system, or links not allowed
-                shutil.copy2(f, target)
+                # Whole or absent: a file that exists is taken as copied
+                # (above), so a copy a kill cut short must never be one.
+                copy_atomically(f, target)
 
 
 def checkout(pin: Pin, git_dir: pathlib.Path, commit: str, work: pathlib.Path) -> list[str]:
