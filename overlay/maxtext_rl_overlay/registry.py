@@ -4,7 +4,9 @@
 metadata, and vLLM's needs torch and a compiler), so files are taken straight
 from the index's JSON simple API (PEP 691) and checked against the sha256 the
 index lists, and against a pinned sha256 where the caller has one. Downloads
-are cached by file name and hash.
+are cached by file name and hash, in a folder of the tool's cache
+(`<cache>/<kind>`: each file is written under its lock there, staged beside
+it, so a download a killed run left half done is cleared by the next one).
 
 A release wheel looked up by project and version (`release_wheel`) reads the
 file list once, and records which file it chose and the sha256 the index
@@ -19,7 +21,6 @@ import json
 import os
 import pathlib
 import ssl
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,10 +29,11 @@ from typing import Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from . import buildcache
 from .digest import sha256_file
 from .errors import OverlayError
 from .progress import step
-from .staging import write_atomically
+from .staging import recover, staged_path, write_atomically
 
 #: PyPI, the index pip and uv use when none is configured.
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -124,21 +126,25 @@ def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib
     filename = _pure_wheel(listing, project, version)
     url, listed = _info(listing, project, filename)
     wheel = _fetch(project, filename, url, listed, dest_dir)
-    write_atomically(record, json.dumps({"index": index, "project": canonicalize_name(project), "version": version,
-                                         "filename": filename, "sha256": listed}, indent=1) + "\n")
+    with buildcache.locked(record, who=project):
+        recover(record)  # a record's staged file that a killed run left
+        write_atomically(record, json.dumps({"index": index, "project": canonicalize_name(project), "version": version,
+                                             "filename": filename, "sha256": listed}, indent=1) + "\n")
     return wheel
 
 
 def _fetch(project: str, filename: str, url: str, listed: str, dest_dir: pathlib.Path) -> pathlib.Path:
     """`filename` in `dest_dir` with the sha256 the index lists: the cached
-    copy if it has it, else downloaded from `url` and checked."""
+    copy if it has it, else downloaded from `url` and checked. The download
+    is staged beside it (`FILENAME.<8 hex>`) under the file's cache lock, so
+    one a killed run left is cleared by the next download of that file."""
     dest = dest_dir / filename
     if dest.is_file() and sha256_file(dest) == listed:
         return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=filename + ".", dir=dest_dir)
-    try:
-        with step(project, f"downloading {filename}"), os.fdopen(fd, "wb") as out:
+    with buildcache.locked(dest, who=project):
+        if dest.is_file() and sha256_file(dest) == listed:  # another build downloaded it meanwhile
+            return dest
+        with step(project, f"downloading {filename}"), staged_path(dest) as tmp, open(tmp, "wb") as out:
             try:
                 with urllib.request.urlopen(url, context=_context(), timeout=600) as response:
                     while chunk := response.read(1 << 20):
@@ -146,11 +152,8 @@ def _fetch(project: str, filename: str, url: str, listed: str, dest_dir: pathlib
             except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
                 raise OverlayError(f"cannot download {filename} from the package index ({url}): {exc}; "
                                    "check the network, or the index the environment names (UV_DEFAULT_INDEX, UV_INDEX_URL, PIP_INDEX_URL).") from None
-        got = sha256_file(pathlib.Path(tmp))
-        if got != listed:
-            raise OverlayError(f"{filename}: downloaded sha256 {got} is not the {listed} the index lists.")
-        os.replace(tmp, dest)
-    except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
+            out.flush()
+            got = sha256_file(tmp)
+            if got != listed:
+                raise OverlayError(f"{filename}: downloaded sha256 {got} is not the {listed} the index lists.")
     return dest

@@ -500,6 +500,39 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
         raise
 
 
+@contextlib.contextmanager
+def staged_path(path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """An empty file `path.<8 hex>` beside `path`, for the block to fill (a
+    download, too big to hold in memory for staged_file); flushed to the
+    disk and moved to `path` when the block ends without an exception (a
+    reader sees no file or the whole one), removed when one escapes. What a
+    killed run left beside `path` is cleared first (recover): the caller
+    holds the lock every writer of `path` takes. A full filesystem is
+    NoSpace naming `path`."""
+    with room_for(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        recover(path)
+        fd, tmp = _create_beside(path)
+    os.close(fd)
+    try:
+        with room_for(path, pathlib.Path(tmp)):
+            yield pathlib.Path(tmp)
+        interrupts.check()
+        with room_for(path, pathlib.Path(tmp)):
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)  # on the disk before its name is
+            finally:
+                os.close(fd)
+        with interrupts.held():
+            os.replace(tmp, path)
+            _sync_dir(path.parent)
+    except BaseException:
+        with interrupts.held(raise_after=False):
+            pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def copy_atomically(src: pathlib.Path, dest: pathlib.Path) -> None:
     """Copy a file (shutil.copy2) in one rename: `dest` is absent or whole,
     never cut short by a kill, which leaves at most a staged `dest.<8 hex>`

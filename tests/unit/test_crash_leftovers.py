@@ -1,0 +1,118 @@
+"""What a run killed with no cleanup (SIGKILL, the OOM killer) leaves in the
+cache is cleared by the next run that writes there, saying so, and never
+taken for a result: a download of the package index's file, a MaxText
+release's record, the cache's CACHEDIR.TAG. A scratch folder in TMPDIR
+(`mrl-*`) is left as it is, and never read again. git's own lock file in the
+rebase's fetched repository is named, with what to do, and left to the user.
+
+Each kill is a child (the real code, SIGKILLing itself at one instant);
+the next run is this process."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from maxtext_rl_overlay import buildcache, registry, staging
+from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.pins import Pin
+from maxtext_rl_overlay.rebase import upstream
+from unit.unit_support import ROOT, commit_files, default_signals, fake_wheel, git
+
+CLEARED = "cleared what a stopped run left beside"
+
+#: Kills itself (SIGKILL) at argv[1], then runs argv[2] (Python) with argv[3:] as `args`.
+CHILD = textwrap.dedent('''
+    import os, pathlib, signal, sys
+    from maxtext_rl_overlay import buildcache, registry, staging
+    point, code, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_replace = os.replace
+    def replace(src, dst):
+        if point == f"before rename {pathlib.Path(dst).name}":
+            die()
+        real_replace(src, dst)
+    os.replace = replace
+    exec(code)
+''')
+
+
+def _killed(point: str, code: str, *args: str, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run([sys.executable, "-c", CHILD, point, textwrap.dedent(code), *args], capture_output=True, text=True,
+                          timeout=60, preexec_fn=default_signals, env=env)
+    assert done.returncode == -signal.SIGKILL, (done.returncode, done.stderr)
+
+
+def _staged(folder: pathlib.Path, name: str) -> list[str]:
+    """The staged files `NAME.<8 hex>` in `folder`."""
+    return [p.name for p in folder.iterdir() if re.fullmatch(re.escape(name) + r"\.[0-9a-f]{8}", p.name)]
+
+
+# -- 1. a download into the cache ------------------------------------------
+
+#: The child's download: the served wheel (by file:// URL) into argv[4]'s
+#: releases/, its response cut after the first 100 bytes at "mid-download".
+DOWNLOAD = '''
+    served, dest = pathlib.Path(args[0]), pathlib.Path(args[1])
+    wheel = next(served.glob("*.whl"))
+    registry.files = lambda project: [{"filename": wheel.name, "url": wheel.as_uri(), "hashes": {"sha256": registry.sha256_file(wheel)}}]
+    real_urlopen = registry.urllib.request.urlopen
+    class Cut:
+        def __init__(self, response):
+            self.response, self.reads = response, 0
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            self.response.close()
+        def read(self, size):
+            self.reads += 1
+            if self.reads == 2 and point == "mid-download":
+                die()
+            return self.response.read(100)
+    registry.urllib.request.urlopen = lambda url, **kw: Cut(real_urlopen(url))
+    registry.release_wheel("maxtext", "0.2.4", dest)
+'''
+
+
+@pytest.mark.parametrize("point", ["mid-download", "before rename maxtext-0.2.4-py3-none-any.whl",
+                                   "before rename maxtext-0.2.4.release.json"])
+def test_a_download_killed_into_the_cache_is_cleared_by_the_next_one(tmp_path, monkeypatch, capsys, point):
+    served = tmp_path / "served"
+    served.mkdir()
+    wheel = fake_wheel(served, "maxtext", "0.2.4", extra="x = 1\n" * 200)
+    dest = tmp_path / "cache" / "releases"
+    for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
+        monkeypatch.delenv(var, raising=False)
+    _killed(point, DOWNLOAD, str(served), str(dest))
+    name = wheel.name if "release.json" not in point else "maxtext-0.2.4.release.json"
+    left = _staged(dest, name)
+    assert len(left) == 1, sorted(p.name for p in dest.iterdir())
+    assert not (dest / "maxtext-0.2.4.release.json").exists(), "no record of a release that was not whole"
+
+    monkeypatch.setattr(registry, "files", lambda project: [
+        {"filename": wheel.name, "url": wheel.as_uri(), "hashes": {"sha256": registry.sha256_file(wheel)}}])
+    got = registry.release_wheel("maxtext", "0.2.4", dest)
+    assert got.read_bytes() == wheel.read_bytes()
+    assert sorted(p.name for p in dest.iterdir()) == sorted([wheel.name, "maxtext-0.2.4.release.json"])
+    assert f"{CLEARED} {dest / name}: {left[0]}" in capsys.readouterr().err
+
+
+def test_a_download_that_fails_its_check_leaves_nothing(tmp_path, monkeypatch):
+    served = tmp_path / "served"
+    served.mkdir()
+    wheel = fake_wheel(served, "maxtext", "0.2.4")
+    dest = tmp_path / "cache" / "releases"
+    monkeypatch.setattr(registry, "files", lambda project: [{"filename": wheel.name, "url": wheel.as_uri(), "hashes": {"sha256": "0" * 64}}])
+    with pytest.raises(OverlayError, match="downloaded sha256 .* is not the 0+ the index lists"):
+        registry.release_wheel("maxtext", "0.2.4", dest)
+    assert list(dest.iterdir()) == []
