@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import hashlib
@@ -45,7 +46,7 @@ from typing import Any
 from . import proc
 from .errors import OverlayError
 from .progress import step
-from .staging import cannot_write, write_atomically
+from .staging import cannot_write, recover, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
 CACHEDIR_TAG = "CACHEDIR.TAG"
@@ -249,23 +250,60 @@ def claim(cache: pathlib.Path) -> None:
     """Make `cache` the tool's cache, or check that it is: tagged with the
     tool's CACHEDIR.TAG, or absent or empty (then tagged now). A folder
     holding anything else is refused: it is not the tool's to fill (and the
-    tag would hide it from backups), nor to empty with `clean`."""
+    tag would hide it from backups), nor to empty with `clean`.
+
+    The tag is written (staged beside it, `CACHEDIR.TAG.<8 hex>`) under an
+    exclusive flock of the cache folder itself (no lock file can go into a
+    folder not yet known to be the tool's), and every build takes that lock
+    when it finds such a staged tag: it is then a killed run's, and is
+    removed, saying so (staging.recover)."""
+    tag = cache / CACHEDIR_TAG
     with cannot_write(cache):
         cache.mkdir(parents=True, exist_ok=True)
-        if _own_tag(cache):
+        if _own_tag(cache) and not _staged_tags(cache):
             return
-        # Another build tagging it this moment leaves only its tag's temporary file.
-        found = sorted(p.name for p in cache.iterdir() if not p.name.startswith(CACHEDIR_TAG + "."))
-        if found and found != [CACHEDIR_TAG]:
-            raise OverlayError(
-                f"the cache folder {cache} (MRL_CACHE_DIR) holds {_some(found)} and no {CACHEDIR_TAG} of maxtext-rl-overlay: "
-                "it is not a cache this tool made, and the build does not start one there. Set MRL_CACHE_DIR to an absent "
-                "or empty folder (or unset it for the default)."
-            )
-        if found:  # a tag, but not the tool's text: another program's cache
-            raise OverlayError(f"the cache folder {cache} (MRL_CACHE_DIR) carries a {CACHEDIR_TAG} that is not maxtext-rl-overlay's: "
-                               "set MRL_CACHE_DIR to an absent or empty folder (or unset it for the default).")
-        write_atomically(cache / CACHEDIR_TAG, _TAG_TEXT)
+        with _folder_lock(cache) as held:
+            if held:
+                recover(tag)  # what a run killed while tagging left: no live run's, under this lock
+            if _own_tag(cache):
+                return
+            # Without the lock (see _folder_lock), another build tagging it this moment leaves only its staged tag.
+            found = sorted(p.name for p in cache.iterdir() if not p.name.startswith(CACHEDIR_TAG + "."))
+            if found and found != [CACHEDIR_TAG]:
+                raise OverlayError(
+                    f"the cache folder {cache} (MRL_CACHE_DIR) holds {_some(found)} and no {CACHEDIR_TAG} of maxtext-rl-overlay: "
+                    "it is not a cache this tool made, and the build does not start one there. Set MRL_CACHE_DIR to an absent "
+                    "or empty folder (or unset it for the default)."
+                )
+            if found:  # a tag, but not the tool's text: another program's cache
+                raise OverlayError(f"the cache folder {cache} (MRL_CACHE_DIR) carries a {CACHEDIR_TAG} that is not maxtext-rl-overlay's: "
+                                   "set MRL_CACHE_DIR to an absent or empty folder (or unset it for the default).")
+            write_atomically(tag, _TAG_TEXT)
+
+
+def _staged_tags(cache: pathlib.Path) -> list[str]:
+    """The staged tags (`CACHEDIR.TAG.<8 hex>`) in the cache's root."""
+    return [p.name for p in cache.iterdir() if p.name.startswith(CACHEDIR_TAG + ".")]
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: pathlib.Path) -> Iterator[bool]:
+    """An exclusive flock of the folder itself for the block (True): how
+    builds take turns tagging the cache, and clear a staged tag a killed
+    one left. False where the filesystem cannot lock a folder (NFS): the
+    block runs unlocked, and clears nothing."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = True
+        except OSError as exc:
+            if exc.errno not in (errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP):
+                raise
+            held = False
+        yield held
+    finally:
+        os.close(fd)
 
 
 def _some(names: list[str], most: int = 5) -> str:

@@ -116,3 +116,46 @@ def test_a_download_that_fails_its_check_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(OverlayError, match="downloaded sha256 .* is not the 0+ the index lists"):
         registry.release_wheel("maxtext", "0.2.4", dest)
     assert list(dest.iterdir()) == []
+
+
+# -- 2. the cache's tag --------------------------------------------------------
+
+TAG = '''
+    buildcache.claim(pathlib.Path(args[0]))
+'''
+
+
+@pytest.mark.parametrize("tagged", [False, True], ids=["a new cache", "a tagged cache"])
+def test_a_tag_killed_mid_write_is_cleared_by_the_next_run(tmp_path, capsys, tagged):
+    cache = tmp_path / "cache"
+    _killed(f"before rename {buildcache.CACHEDIR_TAG}", TAG, str(cache))
+    left = _staged(cache, buildcache.CACHEDIR_TAG)
+    assert sorted(p.name for p in cache.iterdir()) == left and len(left) == 1
+    if tagged:  # a build tagged it since, or one killed tagging it alongside another
+        (cache / buildcache.CACHEDIR_TAG).write_text(buildcache._TAG_TEXT)
+    buildcache.claim(cache)
+    assert [p.name for p in cache.iterdir()] == [buildcache.CACHEDIR_TAG]
+    assert buildcache._own_tag(cache)
+    assert f"{CLEARED} {cache / buildcache.CACHEDIR_TAG}: {left[0]}" in capsys.readouterr().err
+    buildcache.claim(cache)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_staged_tag_of_a_live_run_is_left_to_it(tmp_path):
+    """A run tagging the cache holds the folder's lock: the staged tag is
+    its own until it lets go, and the next run waits rather than remove it."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    staged = cache / f"{buildcache.CACHEDIR_TAG}.0badcafe"
+    with buildcache._folder_lock(cache) as held:
+        assert held
+        staged.write_text("being written")
+        other = threading.Thread(target=buildcache.claim, args=(cache,))
+        other.start()
+        time.sleep(0.3)
+        assert other.is_alive() and staged.exists()
+        staged.unlink()  # the live run's rename
+        (cache / buildcache.CACHEDIR_TAG).write_text(buildcache._TAG_TEXT)
+    other.join(10)
+    assert not other.is_alive()
+    assert [p.name for p in cache.iterdir()] == [buildcache.CACHEDIR_TAG]
