@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import subprocess
 from typing import Any
 
@@ -51,6 +52,18 @@ def reason(stderr: str, default: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     said = [line for line in lines if line.startswith(("fatal:", "error:"))]
     return (said or lines or [default])[0 if said else -1]
+
+
+#: How git says it could not take one of its lock files: "Unable to create '/x/refs/tags/v1.lock': File exists."
+_LOCK_EXISTS = re.compile(r"Unable to create '([^']+\.lock)': File exists")
+
+
+def lock_file(stderr: str) -> str | None:
+    """The lock file git could not create because it exists (a git command
+    killed in that repository left it, or one is running there now), from
+    git's error output; None for any other failure."""
+    found = _LOCK_EXISTS.search(stderr)
+    return found.group(1) if found else None
 
 
 def out(*args: str, **kw: Any) -> str:

@@ -159,3 +159,41 @@ def test_a_staged_tag_of_a_live_run_is_left_to_it(tmp_path):
     other.join(10)
     assert not other.is_alive()
     assert [p.name for p in cache.iterdir()] == [buildcache.CACHEDIR_TAG]
+
+
+# -- 4. git's lock files in the rebase's fetched repository --------------------
+
+def _pin(tmp_path: pathlib.Path, repository: str, commit: str) -> Pin:
+    return Pin(distribution="x", import_package="x", repository=repository, commit=commit, tree="", date="2026-07-27T09:44:06+00:00",
+               version="1", build_env={}, requirement_overrides={}, requirement_files=(), directory=tmp_path / "patches" / "x", series=())
+
+
+def test_a_git_lock_file_left_in_the_rebase_repository_is_named_not_removed(tmp_path):
+    repo = tmp_path / "upstream"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    commit = commit_files(repo, {"x/__init__.py": "A = 1\n"}, "the pin", "2026-07-27T09:44:06+00:00")
+    git(repo, "tag", "v1")
+    pin = _pin(tmp_path, str(repo), commit)
+    cache = tmp_path / "cache"
+    buildcache.claim(cache)
+    git_dir = cache / "git" / "x-rebase.git"
+    git_dir.mkdir(parents=True)
+    git(git_dir, "init", "-q", "--bare")
+    lock = git_dir / "refs" / "tags" / "v1.lock"
+    lock.write_text("")  # a fetch killed while it updated the tags
+    with pytest.raises(OverlayError) as raised:
+        upstream._fetch(pin, "main", cache)
+    said = str(raised.value)
+    assert f"git's lock file {lock} exists" in said and f"If no other rebase is running, remove {lock}" in said, said
+    assert "--source" not in said
+    assert lock.exists(), "git's lock file is the user's to remove"
+    lock.unlink()
+    assert upstream._fetch(pin, "main", cache) == git_dir
+
+
+def test_other_fetch_failures_still_suggest_a_source(tmp_path):
+    pin = _pin(tmp_path, str(tmp_path / "absent"), "0" * 40)
+    with pytest.raises(OverlayError, match="Pass --source PATH"):
+        upstream._fetch(pin, "main", tmp_path / "cache")
+

@@ -10,7 +10,7 @@ import shutil
 
 from .. import buildcache
 from ..errors import OverlayError
-from ..git import git, inside_package, missing_blobs, out, reason
+from ..git import git, inside_package, lock_file, missing_blobs, out, reason
 from ..pins import Pin
 from ..progress import step
 from ..staging import copy_atomically
@@ -46,6 +46,13 @@ def _fetch(pin: Pin, new_ref: str, cache: pathlib.Path) -> pathlib.Path:
     with step(pin.distribution, f"fetching {new_ref} and the pin {pin.commit[:12]} from {pin.repository}"):
         proc = git("fetch", "-q", "--no-tags", pin.repository, new_ref, "+refs/tags/*:refs/tags/*", git_dir=git_dir, check=False)
         if proc.returncode != 0:
+            lock = lock_file(proc.stderr)
+            if lock is not None:  # not the network's nor the repository's fault: --source would not help
+                raise OverlayError(
+                    f"{pin.distribution}: cannot fetch {new_ref} into the cache's {git_dir}: git's lock file {lock} exists. "
+                    "A git command stopped there (a rebase that was killed) left it, or another rebase is fetching "
+                    f"into it now. If no other rebase is running, remove {lock} and run again."
+                )
             raise OverlayError(
                 f"{pin.distribution}: cannot fetch {new_ref} from {pin.repository} ({pin.pin_file}): "
                 f"{reason(proc.stderr, 'git fetch failed').rstrip('.')}. Pass --source PATH with a local clone or mirror."
