@@ -42,8 +42,20 @@ What is atomic, and where:
   step to do again.
 - What a killed run leaves beside a destination (`DEST.partial-*`,
   `DEST.<8 hex>`) is removed by the next run that writes that destination,
-  under the lock every writer of it holds (recover); a scratch folder in
-  TMPDIR (`mrl-*`) is the system's to clean.
+  under the lock every writer of it holds (recover), saying so: the index,
+  the constraints file, a cache entry, a download into the cache
+  (staged_path, under the file's cache lock), the cache's CACHEDIR.TAG
+  (under a lock of the cache folder itself: buildcache.claim).
+- A scratch folder in TMPDIR (`mrl-*`: scratch_dir, and the few
+  TemporaryDirectory and mkdtemp folders named so) is left by a killed run,
+  and no run removes it: none reads another's (each makes its own, by a new
+  name), it is outside the index and the cache, and one may be a build's
+  that is still running, which the next run cannot tell from a dead one.
+  The user removes them when no build runs, or the system's cleaning of
+  TMPDIR does (README, "What a failure leaves behind").
+- git's own lock files (`*.lock`) in the cache's rebase repository, left
+  by a killed fetch, are not removed either (a live git may hold one): the
+  next fetch stops naming the file and what to do (rebase/upstream.py).
 
 Removing a folder never raises: the exception on its way out (an interrupt
 above all) stays the one the user sees, and a folder that could not be

@@ -161,6 +161,42 @@ def test_a_staged_tag_of_a_live_run_is_left_to_it(tmp_path):
     assert [p.name for p in cache.iterdir()] == [buildcache.CACHEDIR_TAG]
 
 
+# -- 3. scratch folders in TMPDIR ----------------------------------------------
+
+SCRATCH = '''
+    with staging.scratch_dir("mrl-test-") as tmp:
+        (tmp / "half").write_text("half")
+        os.replace(tmp / "half", tmp / "x")
+'''
+
+
+def test_a_killed_runs_scratch_folder_is_left_in_tmpdir_and_never_read(tmp_path, monkeypatch):
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    _killed("before rename x", SCRATCH, env=dict(os.environ, TMPDIR=str(tmpdir)))
+    (left,) = tmpdir.iterdir()
+    assert left.name.startswith("mrl-test-") and [p.name for p in left.iterdir()] == ["half"]
+    monkeypatch.setattr(staging.tempfile, "tempdir", str(tmpdir))
+    with staging.scratch_dir("mrl-test-") as fresh:
+        assert fresh != left and not any(fresh.iterdir()), "a new run starts from an empty folder of its own"
+    assert list(tmpdir.iterdir()) == [left], "another run's scratch folder (live or not) is not the next run's to remove"
+
+
+def test_every_scratch_folder_the_tool_makes_is_named_mrl():
+    """README's table names them `mrl-*` in TMPDIR: so is each one made
+    outside a destination's folder (no dir=)."""
+    made = re.compile(r"(mkdtemp|mkstemp|TemporaryDirectory|NamedTemporaryFile|scratch_dir)\((.*)")
+    found = []
+    for path in sorted((ROOT / "overlay").rglob("*.py")):
+        for line in path.read_text().splitlines():
+            call = made.search(line)
+            if call is None or line.lstrip().startswith(("def ", "#")) or "dir=" in call.group(2) or call.group(2).startswith("prefix=prefix"):
+                continue
+            prefix = re.match(r'(?:prefix=)?f?"([^"]*)"', call.group(2))
+            found.append(prefix.group(1) if prefix else line.strip())
+    assert found and all(p.startswith("mrl-") for p in found), found
+
+
 # -- 4. git's lock files in the rebase's fetched repository --------------------
 
 def _pin(tmp_path: pathlib.Path, repository: str, commit: str) -> Pin:
