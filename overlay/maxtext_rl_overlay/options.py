@@ -5,8 +5,8 @@ types and defaults are declared here and nowhere else, and each value is
 checked when it is read: a wrong type, or a misspelt key (with the nearest
 known one), is refused with its place and what was expected, instead of
 falling back to a default or failing later. The pin files (pins.py) and the
-matrix table (testmatrix.py) are read with the same checks. README.md,
-"Configuration", documents the schema."""
+matrix table (testmatrix.py) are read with the same checks. docs/configuration.md
+documents the schema."""
 
 from __future__ import annotations
 
@@ -290,6 +290,6 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 #: MRL_* variables of the scripts and the test suites, not of the tool
-#: (README.md lists them with the tool's).
+#: (docs/configuration.md lists them with the tool's).
 TEST_VARIABLES = ("MRL_SOURCES", "MRL_WORK", "MRL_KEEP", "MRL_PLATFORM", "MRL_QUICK", "MRL_MAXTEXT", "MRL_MAXTEXT_SHIMS",
                   "MRL_BENCH_PYTHON", "MRL_PAGES_URL", "MRL_KILL_POINTS")

@@ -52,7 +52,7 @@ What is atomic, and where:
   name), it is outside the index and the cache, and one may be a build's
   that is still running, which the next run cannot tell from a dead one.
   The user removes them when no build runs, or the system's cleaning of
-  TMPDIR does (README, "What a failure leaves behind").
+  TMPDIR does (docs/failures.md, "What a failure leaves behind").
 - git's own lock files (`*.lock`) in the cache's rebase repository, left
   by a killed fetch, are not removed either (a live git may hold one): the
   next fetch stops naming the file and what to do (rebase/upstream.py).

@@ -22,8 +22,8 @@ DRIFT = TESTS / "rebase" / "drift.toml"
 IDENT = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "u@u",
          "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 #: What a project copy holds: enough to run the tool and its fast tests.
-PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE", "constraints.txt", ".gitignore", ".ci", ".github", "scripts", "overlay", "patches",
-                 "image", "tests/unit", "tests/conftest.py", "tests/standins.py", "tests/support")
+PROJECT_FILES = ("pyproject.toml", "README.md", "docs", "LICENSE", "constraints.txt", ".gitignore", ".ci", ".github", "scripts", "overlay", "patches",
+                 "image", "tests/README.md", "tests/unit", "tests/conftest.py", "tests/standins.py", "tests/support")
 
 
 def cache_dir() -> pathlib.Path:

@@ -183,7 +183,7 @@ def test_a_killed_runs_scratch_folder_is_left_in_tmpdir_and_never_read(tmp_path,
 
 
 def test_every_scratch_folder_the_tool_makes_is_named_mrl():
-    """README's table names them `mrl-*` in TMPDIR: so is each one made
+    """docs/failures.md's table names them `mrl-*` in TMPDIR: so is each one made
     outside a destination's folder (no dir=)."""
     made = re.compile(r"(mkdtemp|mkstemp|TemporaryDirectory|NamedTemporaryFile|scratch_dir)\((.*)")
     found = []

@@ -31,7 +31,7 @@ project file is written whole (staging.write_atomically), --continue takes
 the run up from its record (the work clone rewound to the last recorded
 patch, the series written again), --abort finishes an abort cut short, and a
 start clears a state folder without its record, saying so; a refusal says
-what it found and what to run (README, "What a failure leaves behind").
+what it found and what to run (docs/failures.md, "What a failure leaves behind").
 
 What differs between distributions is data, in patches/<NAME>/pin.toml
 [rebase] (pins.RebasePolicy): the rule naming the new version, and a file of
