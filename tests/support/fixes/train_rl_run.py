@@ -382,6 +382,7 @@ def cpu_stand_ins(run: Run) -> None:
     run.result["stand_ins"] += [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
     STAND_INS.update(f"{m}.get_tpu_version" for m in pallas_interpret._TPU_VERSION_USERS)
     STAND_INS.update(f"{m}.get_step_fn_compiler_options" for m in pallas_interpret._STEP_JITTERS)
+    STAND_INS.add(f"{pallas_interpret._DEVICE_PUT_MODULE}.general_device_put")  # the runner's inputs, copied
 
 
 #: Tunix's RLCluster.sync_weights, on a backend that is neither TPU nor GPU
