@@ -494,7 +494,7 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
     only if check_replaceable_file lets it, checked just before the rename."""
     with cannot_write(path):
         fd, tmp = _create_beside(path)
-    try:
+    with _removed_if_the_block_fails(tmp):
         with cannot_write(path):
             with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
                 f.write(data)
@@ -506,10 +506,6 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
         with cannot_write(path):
             os.replace(tmp, path)
             _sync_dir(path.parent)
-    except BaseException:
-        with interrupts.held(raise_after=False):
-            pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @contextlib.contextmanager
@@ -526,7 +522,7 @@ def staged_path(path: pathlib.Path) -> Iterator[pathlib.Path]:
         recover(path)
         fd, tmp = _create_beside(path)
     os.close(fd)
-    try:
+    with _removed_if_the_block_fails(tmp):
         with room_for(path, pathlib.Path(tmp)):
             yield pathlib.Path(tmp)
         interrupts.check()
@@ -539,10 +535,6 @@ def staged_path(path: pathlib.Path) -> Iterator[pathlib.Path]:
         with interrupts.held():
             os.replace(tmp, path)
             _sync_dir(path.parent)
-    except BaseException:
-        with interrupts.held(raise_after=False):
-            pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def copy_atomically(src: pathlib.Path, dest: pathlib.Path) -> None:
@@ -551,13 +543,9 @@ def copy_atomically(src: pathlib.Path, dest: pathlib.Path) -> None:
     beside it. For a file too big to hold in memory (write_atomically)."""
     fd, tmp = _create_beside(dest)
     os.close(fd)
-    try:
+    with _removed_if_the_block_fails(tmp):
         shutil.copy2(src, tmp)
         os.replace(tmp, dest)
-    except BaseException:
-        with interrupts.held(raise_after=False):
-            pathlib.Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def remove_file(path: pathlib.Path) -> None:
@@ -565,6 +553,19 @@ def remove_file(path: pathlib.Path) -> None:
     folder then flushed: a lost machine does not find it again."""
     path.unlink(missing_ok=True)
     _sync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def _removed_if_the_block_fails(tmp: str) -> Iterator[None]:
+    """Remove the staged file `tmp` when anything escapes the block (a
+    KeyboardInterrupt too), held against a second interrupt so the removal
+    itself is not cut short; the exception goes on."""
+    try:
+        yield
+    except BaseException:
+        with interrupts.held(raise_after=False):
+            pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _create_beside(path: pathlib.Path) -> tuple[int, str]:
