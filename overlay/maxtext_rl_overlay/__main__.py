@@ -2,23 +2,25 @@
 
 Each subcommand parses its flags into the options of one stage module and
 prints what the stage returns; the stages hold all the logic. Exit statuses
-are ExitCode, the same for every subcommand and documented in --help."""
+are ExitCode (errors.py), the same for every subcommand and documented in
+--help: a failure's is the one its error carries."""
 
 from __future__ import annotations
 
 import argparse
-import enum
 import errno
 import math
 import os
 import pathlib
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__, interrupts, proc, staging
-from .errors import OverlayError, UsageError
-from .smoke import run as smoke_run
+from .errors import ExitCode, OverlayError, UsageError
+
+if TYPE_CHECKING:
+    from .rebase import Report
 
 DESCRIPTION = """\
 MaxText RL's vLLM/Tunix stack on TPU: the pinned upstreams (google-tunix,
@@ -30,22 +32,6 @@ On a TPU VM, after `uv pip install -c constraints.txt maxtext-rl-overlay`
 `maxtext-rl-overlay smoke` (a real rollout on the machine's chips, checked).
 In a checkout of the project, `build`, `lint`, `rebase` and `test-matrix`
 make and test the release; `clean` empties the build cache."""
-
-
-class ExitCode(enum.IntEnum):
-    OK = 0
-    #: The command ran and its answer is no: verify found a difference or a
-    #: failed import, lint found problems, the matrix or the rebase's fast
-    #: tests failed, or the rebase stopped at a conflict.
-    CHECK_FAILED = 1
-    #: The command line was wrong (argparse's own status).
-    USAGE = 2
-    #: The command could not do its work; the message says why and what to do.
-    ERROR = 3
-    #: An error the tool did not expect: a bug, to be reported (the
-    #: traceback is shown with -v).
-    INTERNAL = 4
-    INTERRUPTED = 130
 
 
 EPILOG = f"""\
@@ -73,22 +59,13 @@ def _project(args: argparse.Namespace) -> pathlib.Path:
 
 
 def _source_arg(text: str) -> tuple[str, str]:
+    from .options import named_source
     from .pins import DISTRIBUTIONS
 
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
-    if name not in DISTRIBUTIONS:
-        raise argparse.ArgumentTypeError(f"unknown distribution {name!r} in {text!r}; choose from {', '.join(DISTRIBUTIONS)}")
-    return name, path
-
-
-def _absolute(path: str) -> str:
-    """A --source of the rebase as an absolute path, resolved when the
-    command is given: the rebase stores it, and --continue may run from
-    elsewhere (the work clone its stop message sends the person into), as
-    may the build command it suggests. A URL stays as it is."""
-    return path if "://" in path else str(pathlib.Path(path).expanduser().resolve())
+    try:
+        return named_source(text, DISTRIBUTIONS)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _only_arg(text: str) -> list[str]:
@@ -128,7 +105,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             constraints=args.constraints,
             allow_unpinned=args.unpinned,
             engine=args.engine,
-            python=args.python or sys.executable,
+            python=args.python,
             torch_standin=args.torch_standin,
             base_url=args.base_url,
         )
@@ -172,16 +149,18 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     # (else an OverlayError naming it: status 3); until the end it says that
     # smoke did not finish, never what an earlier run found.
     write_json({"ok": False, "failed": ["smoke did not finish"], "finished": False})
+    # Its two ways to end before a report are smoke's own to say, in FILE too;
+    # the status is the error's.
     try:
         report = smoke(SmokeOptions(cpu_simulation=args.cpu_simulation, timeout=args.timeout))
     except CannotRun as exc:
         write_json({"ok": False, "failed": [], "cannot_run": str(exc), "finished": True})
         print(f"smoke: cannot run here: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return exc.status
     except BrokenStack as exc:
         write_json({"ok": False, "failed": [str(exc)], "finished": True})
         print(f"smoke: NO - the installed stack is broken: {exc}", file=sys.stderr)
-        return ExitCode.CHECK_FAILED
+        return exc.status
     print(render(report))
     write_json(dict(report.as_json(), finished=True))
     where = " (CPU simulation: not a hardware qualification)" if report.cpu_simulation else ""
@@ -232,53 +211,39 @@ def _cmd_test_matrix(args: argparse.Namespace) -> int:
 
 def _cmd_rebase(args: argparse.Namespace) -> int:
     from . import rebase
+    from .rebase.options import Abort, FindBase, RebaseOptions, Resume, parse_request
+    from .rebase.release import ReleaseOptions
 
     root = _project(args)
-    if args.cont or args.abort:
-        if args.name or args.new_ref or args.maxtext:
-            raise UsageError("--continue and --abort take no NAME, NEW_REF or --maxtext: they act on the rebase in progress.")
-        if rebase.release.in_progress(root):  # a --maxtext move: its own state wraps the distribution's
-            if args.abort:
-                print(rebase.release.abort(root))
-                return ExitCode.OK
+    request = parse_request(root, name=args.name, new_ref=args.new_ref, maxtext=args.maxtext, sources=args.source, build=args.build,
+                            standins=args.standins, apply_vllm_lkg=args.apply_vllm_lkg, find_base=args.find_base,
+                            run_tests=not args.no_tests, resume=args.cont, abort=args.abort)
+    # A --maxtext move's own state wraps the distribution's: --continue and --abort go to it first.
+    match request:
+        case Abort():
+            print(rebase.release.abort(root) if rebase.release.in_progress(root) else rebase.abort(root))
+            return ExitCode.OK
+        case Resume() if rebase.release.in_progress(root):
             moved = rebase.release.resume(root)
-            print(moved.text)
-            return ExitCode.CHECK_FAILED if moved.needs_action else ExitCode.OK
-        if args.abort:
-            print(rebase.abort(root))
+        case Resume():
+            return _rebase_done(rebase.resume(root))
+        case ReleaseOptions():
+            moved = rebase.release.start(request)
+        case FindBase(options):
+            print(rebase.render_base(options.name, rebase.find_base(options)))
             return ExitCode.OK
-        report = rebase.resume(root)
-    elif args.maxtext:
-        if args.name or args.new_ref or args.find_base or args.apply_vllm_lkg:
-            raise UsageError("--maxtext VERSION takes no NAME, NEW_REF, --find-base or --apply-vllm-lkg: the release names every commit.")
-        try:
-            given = {name: _absolute(path) for name, path in map(_source_arg, args.source)}
-        except argparse.ArgumentTypeError as exc:
-            raise UsageError(f"--source: {exc} (--maxtext takes NAME=PATH only)") from None
-        moved = rebase.release.start(rebase.release.ReleaseOptions(root, args.maxtext, given, build=args.build,
-                                                                   standins=args.standins, run_tests=not args.no_tests))
-        print(moved.text)
-        return ExitCode.CHECK_FAILED if moved.needs_action else ExitCode.OK
-    else:
-        if not (args.name and args.new_ref):
-            raise UsageError("NAME and NEW_REF are required (or --continue / --abort).")
-        own = [_absolute(s) for s in args.source if "=" not in s]
-        try:
-            others = {name: _absolute(path) for name, path in (_source_arg(s) for s in args.source if "=" in s)}
-        except argparse.ArgumentTypeError as exc:
-            raise UsageError(f"--source: {exc}") from None
-        if len(own) > 1:
-            raise UsageError("--source PATH (the upstream being rebased) given twice.")
-        opts = rebase.RebaseOptions(root, args.name, args.new_ref, source=own[0] if own else others.pop(args.name, None),
-                                    build=args.build, build_sources=others, apply_vllm_lkg=args.apply_vllm_lkg,
-                                    run_tests=not args.no_tests, standins=args.standins)
-        if args.find_base:
-            print(rebase.render_base(args.name, rebase.find_base(opts)))
-            return ExitCode.OK
-        if rebase.release.in_progress(root):  # its moves are this command's too: one at a time
-            raise OverlayError("a rebase --maxtext is in progress: finish it with scripts/rebase.sh --continue or undo it with "
-                               "scripts/rebase.sh --abort first.")
-        report = rebase.start(opts)
+        case RebaseOptions():
+            if rebase.release.in_progress(root):  # its moves are this command's too: one at a time
+                raise OverlayError("a rebase --maxtext is in progress: finish it with scripts/rebase.sh --continue or undo it with "
+                                   "scripts/rebase.sh --abort first.")
+            return _rebase_done(rebase.start(request))
+    print(moved.text)
+    return ExitCode.CHECK_FAILED if moved.needs_action else ExitCode.OK
+
+
+def _rebase_done(report: Report) -> int:
+    from . import rebase
+
     print(rebase.render(report))
     return ExitCode.CHECK_FAILED if report.needs_action else ExitCode.OK
 
@@ -295,8 +260,11 @@ def _cmd_clean(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # The defaults a flag shares with its stage are the stage's options' own.
+    from .build import BuildOptions
     from .patching import ENGINES
     from .pins import DISTRIBUTIONS
+    from .smoke.run import SmokeOptions
     from .testmatrix import PLATFORMS
 
     # -v on the command or after it; SUPPRESS keeps a subcommand's default
@@ -336,7 +304,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--cpu-simulation", action="store_true",
                    help="run the same checks on 8 CPU devices, the TPU kernels interpreted (not a hardware qualification)")
     s.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE")
-    s.add_argument("--timeout", type=_seconds_arg, default=smoke_run.DEFAULT_TIMEOUT, metavar="SECONDS",
+    s.add_argument("--timeout", type=_seconds_arg, default=SmokeOptions.timeout, metavar="SECONDS",
                    help="for each engine process, start and generates (default: %(default).0f); past it the check names the step")
     s.set_defaults(func=_cmd_smoke)
 
@@ -353,7 +321,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index "
                         "is out of reach; labelled as a stand-in")
     b.add_argument("--engine", choices=ENGINES, help="how to apply the patches (default: git where installed)")
-    b.add_argument("--python", metavar="PYTHON", help="interpreter for the builds and the resolver (default: this one)")
+    b.add_argument("--python", default=BuildOptions.python, metavar="PYTHON", help="interpreter for the builds and the resolver (default: this one)")
     b.add_argument("--base-url", type=_base_url_arg, metavar="URL",
                    help="where the index folder will be served: its constraints.txt then names the index by this URL")
     b.set_defaults(func=_cmd_build)
@@ -410,10 +378,10 @@ def _run(argv: list[str] | None) -> int:
     except UsageError as exc:
         args.parser.print_usage(sys.stderr)
         print(f"{args.parser.prog}: error: {exc}", file=sys.stderr)
-        return ExitCode.USAGE
+        return exc.status
     except OverlayError as exc:
         print(f"maxtext-rl-overlay: error: {exc}", file=sys.stderr)
-        return ExitCode.ERROR
+        return exc.status
     except KeyboardInterrupt:
         if interrupts.published():
             print("maxtext-rl-overlay: interrupted after the results were published, whole.", file=sys.stderr)

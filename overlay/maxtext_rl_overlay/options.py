@@ -6,7 +6,8 @@ checked when it is read: a wrong type, or a misspelt key (with the nearest
 known one), is refused with its place and what was expected, instead of
 falling back to a default or failing later. The pin files (pins.py) and the
 matrix table (testmatrix.py) are read with the same checks. docs/configuration.md
-documents the schema."""
+documents the schema. Also here: the one value of the command line that two
+stages read (an upstream's source, NAME=PATH)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import difflib
 import math
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -136,6 +137,18 @@ def string_table(data: Mapping[str, Any], key: str, where: str, default: Any = _
         shown = ", ".join(f"{k} = {v!r}" for k, v in wrong.items()) if wrong else repr(value)
         raise OverlayError(f"{where}: {key} must be a table of strings (NAME = \"value\"), not {shown}.")
     return dict(value)
+
+
+def named_source(text: str, known: Sequence[str]) -> tuple[str, str]:
+    """`--source NAME=PATH` of build and rebase: one of the `known`
+    distributions (pins.DISTRIBUTIONS) and where to take it from. Raises
+    ValueError saying what is wrong (the CLI shows it as a usage error)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise ValueError(f"expected NAME=PATH, got {text!r}")
+    if name not in known:
+        raise ValueError(f"unknown distribution {name!r} in {text!r}; choose from {', '.join(known)}")
+    return name, path
 
 
 # -- pyproject.toml [tool.maxtext-rl-overlay] -------------------------------

@@ -145,3 +145,27 @@ def test_lint_reports_a_malformed_patch_as_a_finding_and_goes_on(tmp_path):
     assert done.returncode == cli.ExitCode.CHECK_FAILED, done.stderr
     assert f"{broken} is not a git format-patch file" in done.stdout and "Traceback" not in done.stderr
     assert done.stdout.rstrip().endswith(f"lint: {len(series)} patch(es), 1 problem(s)")  # the others linted too
+
+
+def test_the_rebase_modes_are_one_typed_request(tmp_path, monkeypatch):
+    """The command line hands the rebase its flags; rebase/options.py says
+    which of its five modes they ask for, with each --source where it goes."""
+    from maxtext_rl_overlay.rebase.options import Abort, FindBase, RebaseOptions, Resume, parse_request
+    from maxtext_rl_overlay.rebase.release import ReleaseOptions
+
+    monkeypatch.chdir(tmp_path)  # a relative PATH is resolved where the command is given
+    none = dict(name=None, new_ref=None, maxtext=None, sources=[], build=False, standins=False, apply_vllm_lkg=False,
+                find_base=False, run_tests=True, resume=False, abort=False)
+
+    def parse(**given):
+        return parse_request(tmp_path, **{**none, **given})
+
+    assert parse(resume=True) == Resume(tmp_path)
+    assert parse(abort=True) == parse(resume=True, abort=True) == Abort(tmp_path)
+    sources = ["mirror", "google-tunix=https://example.invalid/tunix.git"]
+    one = parse(name="vllm", new_ref="HEAD", sources=sources, build=True, run_tests=False)
+    assert one == RebaseOptions(tmp_path, "vllm", "HEAD", source=str(tmp_path / "mirror"), build=True,
+                                build_sources={"google-tunix": "https://example.invalid/tunix.git"}, run_tests=False)
+    assert parse(name="vllm", new_ref="HEAD", sources=["vllm=mirror"]).source == str(tmp_path / "mirror")  # its own, named
+    assert parse(name="vllm", new_ref="HEAD", find_base=True) == FindBase(RebaseOptions(tmp_path, "vllm", "HEAD"))
+    assert parse(maxtext="0.2.4", sources=["vllm=/m"], standins=True) == ReleaseOptions(tmp_path, "0.2.4", {"vllm": "/m"}, standins=True)

@@ -72,6 +72,18 @@ def test_usage_errors_exit_2_with_the_usage(project, args, says):
     assert done.stderr.startswith("usage: maxtext-rl-overlay "), done.stderr
 
 
+def test_each_error_carries_its_status():
+    """The CLI exits with the status of the error it ends at."""
+    from maxtext_rl_overlay import errors, staging
+    from maxtext_rl_overlay.smoke import run
+
+    assert cli.ExitCode is errors.ExitCode
+    carried = {kind: kind.status for kind in (errors.OverlayError, errors.UsageError, errors.CheckFailed, run.CannotRun,
+                                              run.BrokenStack, staging.NoSpace)}
+    assert carried == {errors.OverlayError: 3, errors.UsageError: 2, errors.CheckFailed: 1, run.CannotRun: 3, run.BrokenStack: 1,
+                       staging.NoSpace: 3}
+
+
 # -- 3: a bad input, said in one line ----------------------------------------
 
 def test_smoke_where_the_engine_or_the_reference_is_missing_cannot_run(monkeypatch, capsys):

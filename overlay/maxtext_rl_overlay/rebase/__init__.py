@@ -37,7 +37,8 @@ What differs between distributions is data, in patches/<NAME>/pin.toml
 [rebase] (pins.RebasePolicy): the rule naming the new version, and a file of
 the upstream naming the commit of another pin its CI verified.
 
-The modules: options and report (the API's types), state (what survives a
+The modules: options and report (the API's types; options also parses the
+command's request: which of its modes, its flags checked), state (what survives a
 stop), upstream (fetch, work clone), apply (one patch's outcome), export
 (writing the series and the pins), versions, fasttests, findbase, render, and
 machine (start, --continue, --abort); release (`--maxtext VERSION`: every

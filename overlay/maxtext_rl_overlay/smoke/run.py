@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import proc, staging
-from ..errors import OverlayError
+from ..errors import CheckFailed, ExitCode, OverlayError
 from ..progress import step
 from . import checks, engine, maxtext_model, tiny_llama
 from .checks import Check
@@ -38,8 +38,6 @@ CONFIGURATIONS = {
 PROBED = ("jax", "torch", "transformers")
 #: What libtpu says when another process holds the chips.
 TPU_HELD = ("already in use", "Device or resource busy")
-#: One engine process's bound, start and generates (the CLI's default too).
-DEFAULT_TIMEOUT = 900.0
 #: The first key of every --json FILE smoke writes: an existing FILE is
 #: replaced only where it is empty or one of these (a typo must not cost a file).
 JSON_MARK = "maxtext-rl-overlay smoke"
@@ -53,18 +51,20 @@ def json_text(doc: dict[str, Any]) -> str:
 
 
 class CannotRun(OverlayError):
-    """This machine cannot run the smoke (exit status 3): the message says why."""
+    """This machine cannot run the smoke: the message says why."""
+
+    status = ExitCode.ERROR
 
 
-class BrokenStack(OverlayError):
-    """The installed stack is broken (exit status 1, a failed check): a
-    package smoke needs fails to import. The message names it and its error."""
+class BrokenStack(CheckFailed):
+    """The installed stack is broken (a failed check): a package smoke needs
+    fails to import. The message names it and its error."""
 
 
 @dataclasses.dataclass(frozen=True)
 class SmokeOptions:
     cpu_simulation: bool = False
-    timeout: float = DEFAULT_TIMEOUT  # one engine process: start and every generate
+    timeout: float = 900.0  # one engine process's bound, start and every generate (the CLI's default too)
     python: str = sys.executable
 
 
