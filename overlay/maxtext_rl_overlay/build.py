@@ -18,10 +18,10 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, buildenv, environment, gittree, interrupts, manifest, overlayfiles, patchfile, publish, sources, tomledit, wheels
+from . import buildcache, buildenv, environment, gittree, interrupts, manifest, overlayfiles, publish, sources, tomledit, wheels
 from .digest import sha256_file
 from .errors import OverlayError
-from .patching import AppliedPatch, Engine, apply_series
+from .patching import Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
 from .staging import begin_pair, check_replaceable, check_replaceable_file, check_writable, end_pair, finish_pair, recover, scratch_dir, staged_dir, staged_file
@@ -255,14 +255,13 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
             f"{pin.distribution}: the build made {name} {got}, expected {pin.distribution} {version}; "
             f"check the build settings in {pin.pin_file}."
         )
-    patch_ids = {p.name: patchfile.patch_id(p) for p in pin.series} if shutil.which("git") else {}
     step.note(pin.distribution, f"built {wheel.name}")
     against = manifest.BuiltAgainst(build_env.torch, build_env.cuda) if build_env is not None else None
-    return _distribution_record(pin, source, version, wheel, applied, patch_ids, against)
+    return _distribution_record(pin, source, version, wheel, applied, against)
 
 
-def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: pathlib.Path, applied: list[AppliedPatch],
-                         patch_ids: dict[str, str], built_against: manifest.BuiltAgainst | None) -> manifest.Distribution:
+def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: pathlib.Path, applied: list[manifest.PatchRecord],
+                         built_against: manifest.BuiltAgainst | None) -> manifest.Distribution:
     """What the manifest says of one build: its pin and source, its series,
     and the sha256 of each file the series touches that the wheel installs
     (a touched test or build file is not installed: nothing to verify)."""
@@ -277,11 +276,7 @@ def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: 
         pin=manifest.PinRecord(pin.repository, pin.commit, pin.tree, pin.date),
         source=manifest.SourceRecord(source.tree, source.commit, source.upstream_version),
         wheel=manifest.WheelFile(wheel.name, sha256_file(wheel)),
-        series=tuple(
-            manifest.PatchRecord(p.name, p.subject, p.upstream_status, p.blobs_checked, p.files,
-                                 sha256_file(pin.directory / p.name), patch_ids.get(p.name))
-            for p in applied
-        ),
+        series=tuple(applied),
         files=files,
         built_against=built_against,
     )

@@ -44,6 +44,9 @@ class SourceRecord:
 
 @dataclasses.dataclass(frozen=True)
 class PatchRecord:
+    """One patch of a series as it was applied (patching.apply_series makes
+    it), and so as the manifest and a kept patched tree record it."""
+
     name: str
     subject: str
     upstream_status: str
@@ -51,6 +54,11 @@ class PatchRecord:
     files: tuple[str, ...]
     sha256: str  # of the patch file
     patch_id: str | None  # git patch-id --stable, where git was installed
+
+    @classmethod
+    def from_plain(cls, data: dict[str, Any]) -> PatchRecord:
+        """The record from its JSON form (files as a list)."""
+        return cls(**dict(data, files=tuple(data["files"])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +191,7 @@ def _distribution(d: dict[str, Any]) -> Distribution:
         pin=PinRecord(**d["pin"]),
         source=SourceRecord(**d["source"]),
         wheel=WheelFile(**d["wheel"]),
-        series=tuple(PatchRecord(**dict(p, files=tuple(p["files"]))) for p in d["series"]),
+        series=tuple(PatchRecord.from_plain(p) for p in d["series"]),
         files=dict(d["files"]),
         built_against=BuiltAgainst(**d["built_against"]) if d.get("built_against") else None,
     )

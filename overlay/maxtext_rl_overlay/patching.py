@@ -22,6 +22,7 @@ from . import buildcache, gittree, patchfile
 from .digest import sha256_file
 from .errors import OverlayError
 from .git import git
+from .manifest import PatchRecord
 from .patchfile import ZERO, PatchFile
 from .pins import Pin
 from .proc import output_tail
@@ -33,19 +34,10 @@ from .staging import NoSpace, staged_dir
 Engine = Literal["git", "patch-ng"]
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 #: Bumped when what a kept patched tree's record says changes.
-PATCHED_CACHE_FORMAT = 1
+PATCHED_CACHE_FORMAT = 2
 # The private repository's commits are thrown away with it: a fixed date
 # keeps even their ids the same from run to run.
 _DATES = {"GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
-
-
-@dataclasses.dataclass(frozen=True)
-class AppliedPatch:
-    name: str
-    subject: str
-    upstream_status: str
-    blobs_checked: bool  # pre/post-image blob ids verified (pinned tree only)
-    files: tuple[str, ...]
 
 
 def default_engine() -> Engine:
@@ -53,7 +45,7 @@ def default_engine() -> Engine:
 
 
 def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine | None = None,
-                 cache: pathlib.Path | None = None) -> list[AppliedPatch]:
+                 cache: pathlib.Path | None = None) -> list[PatchRecord]:
     """Copy `source` to `dest` (which must not exist) with the series applied.
 
     With `cache`, the patched tree is kept, keyed by the source's tree id,
@@ -81,7 +73,7 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine
     return applied
 
 
-def _apply(pin: Pin, source: Source, dest: pathlib.Path, patches: list[PatchFile], engine: Engine) -> list[AppliedPatch]:
+def _apply(pin: Pin, source: Source, dest: pathlib.Path, patches: list[PatchFile], engine: Engine) -> list[PatchRecord]:
     check_blobs = source.from_pin
     with staged_dir(dest) as work:
         shutil.copytree(source.path, work, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
@@ -101,17 +93,16 @@ def _apply(pin: Pin, source: Source, dest: pathlib.Path, patches: list[PatchFile
                     _check_images(pin, patch, work, "post")
                 else:  # a created file's whole content is in the patch: check it on any tree
                     _check_images(pin, dataclasses.replace(patch, files=tuple(c for c in patch.files if ZERO in (c.pre, c.post))), work, "post")
-            applied.append(
-                AppliedPatch(
-                    patch.name,
-                    patch.subject,
-                    patch.trailers["Upstream-Status"],
-                    check_blobs,
-                    tuple(f.path for f in patch.files),
-                )
-            )
+            applied.append(_record(patch, check_blobs))
         shutil.rmtree(work / ".git", ignore_errors=True)
     return applied
+
+
+def _record(patch: PatchFile, blobs_checked: bool) -> PatchRecord:
+    """What the manifest says of an applied patch: its file's sha256 and,
+    where git is installed, its patch-id too."""
+    return PatchRecord(patch.name, patch.subject, patch.trailers["Upstream-Status"], blobs_checked, tuple(f.path for f in patch.files),
+                       sha256_file(patch.path), patchfile.patch_id(patch.path) if shutil.which("git") else None)
 
 
 class _DamagedEntry(Exception):
@@ -126,6 +117,7 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
         "from_pin": source.from_pin,  # what is checked: blob ids, or exact hunks only
         "series": [(p.name, sha256_file(p)) for p in pin.series],
         "engine": engine,
+        "patch_ids": shutil.which("git") is not None,  # the records hold git's patch-ids where git is installed
         "tool": buildcache.tool_digest(),
     }
 
@@ -134,15 +126,14 @@ def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> pathlib.Pat
     return cache / "patched" / f"{pin.distribution}-{buildcache.key(inputs)}"
 
 
-def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[AppliedPatch] | None:
+def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[PatchRecord] | None:
     """The series' outcome, with the patched tree copied to `dest`, when a
     whole one is kept for these inputs (its git tree id checked); else None."""
     key = buildcache.key(inputs)
     entry = _entry(cache, pin, inputs)
     try:
         record = json.loads((entry / "record.json").read_text())
-        applied = [AppliedPatch(p["name"], p["subject"], p["upstream_status"], p["blobs_checked"], tuple(p["files"]))
-                   for p in record["applied"]]
+        applied = [PatchRecord.from_plain(p) for p in record["applied"]]
         whole = record["key"] == key and (entry / "tree").is_dir()
     except FileNotFoundError:
         return None
@@ -165,7 +156,7 @@ def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: path
     return applied
 
 
-def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: pathlib.Path, applied: list[AppliedPatch]) -> None:
+def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: pathlib.Path, applied: list[PatchRecord]) -> None:
     key = buildcache.key(inputs)
     entry = _entry(cache, pin, inputs)
     shutil.rmtree(entry, ignore_errors=True)

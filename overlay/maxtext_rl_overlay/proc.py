@@ -78,34 +78,20 @@ def run(
     full_env = (dict(os.environ, **env) if inherit_env else dict(env)) if env is not None else None
     prefix = f"[{who}] " if who else ""  # the progress lines' form, for the -v echo
     blame = f"{who}: " if who else ""  # the error messages' form
-    if _verbose:
-        print(f"{prefix}$ {shlex.join(args)}" + (f"   (in {cwd})" if cwd else ""), file=sys.stderr, flush=True)
     data = input.encode() if isinstance(input, str) and not text else input
     streamed = _verbose and log and capture
-    interrupts.check()  # a signal whose exception was swallowed on the way: start nothing more
-    child: subprocess.Popen[Any] | None = None
+    child = _spawn(args, what=what, blame=blame, echo=f"{prefix}$ {shlex.join(args)}" + (f"   (in {cwd})" if cwd else ""),
+                   cwd=cwd, env=full_env, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                   stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None, text=text)
     try:
-        # Held: a signal during the start is raised once `child` is known,
-        # so that the except clause below can stop it.
-        with interrupts.held():
-            child = subprocess.Popen(args, cwd=cwd, env=full_env, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None,
-                                     text=text, process_group=0)
         out, err = _streamed(child, data, text, timeout, prefix) if streamed else child.communicate(data, timeout=timeout)
-    except FileNotFoundError:
-        if child is not None:
-            stop(child)
-            raise
-        raise OverlayError(f"{blame}{what}: {args[0]} is not installed (or not on PATH).") from None
     except subprocess.TimeoutExpired:
-        assert child is not None
         stop(child)
         raise OverlayError(f"{blame}{what}: {args[0]} did not finish within {timeout:.0f} s.") from None
     except BaseException:
-        if child is not None:
-            stop(child)
-            if not streamed:  # (the pumping threads end at the pipes' end of file)
-                _close_pipes(child)
+        stop(child)
+        if not streamed:  # (the pumping threads end at the pipes' end of file)
+            _close_pipes(child)
         raise
     interrupts.check()  # a signal that came while it ran, whose exception was swallowed
     done = subprocess.CompletedProcess(args, child.returncode, out, err)
@@ -117,26 +103,41 @@ def run(
 def start(cmd: Sequence[str | os.PathLike[str]], *, what: str, output: pathlib.Path) -> subprocess.Popen[Any]:
     """Start `cmd` in the background, in a process group of its own, with
     its output (stdout and stderr) written to the file `output`, and return
-    it. `run`'s rules for the start: a signal during it stops the child
-    before it is raised, and a program not installed is an OverlayError.
-    The caller owns the child from then on: it waits for it and, whatever
-    happens, stops it with `stop` while it runs."""
+    it. `run`'s rules for the start (`_spawn`). The caller owns the child
+    from then on: it waits for it and, whatever happens, stops it with
+    `stop` while it runs."""
     args = [os.fspath(c) for c in cmd]
+    with output.open("w") as log:  # the child has its own copy of the file from here
+        return _spawn(args, what=what, blame="", echo=f"$ {shlex.join(args)} > {output}   (in the background)",
+                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _spawn(args: list[str], *, what: str, blame: str, echo: str, **popen: Any) -> subprocess.Popen[Any]:
+    """Start `args` in a process group of its own, with Popen's `popen`
+    arguments: `run`'s and `start`'s one way to start a program. `echo` is
+    the -v echo of the command line; a signal whose exception was swallowed
+    on the way starts nothing; a signal during the start stops the child
+    before it is raised; a program not installed is an OverlayError naming
+    `what` (after `blame`, the distribution or stage)."""
     if _verbose:
-        print(f"$ {shlex.join(args)} > {output}   (in the background)", file=sys.stderr, flush=True)
-    interrupts.check()
+        print(echo, file=sys.stderr, flush=True)
+    interrupts.check()  # a signal whose exception was swallowed on the way: start nothing more
     child: subprocess.Popen[Any] | None = None
     try:
-        with output.open("w") as log, interrupts.held():
-            child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+        # Held: a signal during the start is raised once `child` is known,
+        # so that the except clauses below can stop it.
+        with interrupts.held():
+            child = subprocess.Popen(args, process_group=0, **popen)
     except FileNotFoundError:
         if child is not None:
             stop(child)
+            _close_pipes(child)
             raise
-        raise OverlayError(f"{what}: {args[0]} is not installed (or not on PATH).") from None
+        raise OverlayError(f"{blame}{what}: {args[0]} is not installed (or not on PATH).") from None
     except BaseException:
         if child is not None:
             stop(child)
+            _close_pipes(child)
         raise
     return child
 

@@ -17,7 +17,7 @@ from packaging.version import Version
 
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
-from maxtext_rl_overlay.rebase.release import parse_deps
+from maxtext_rl_overlay.rebase.release import QueuedMove, ReleaseState, parse_deps
 from unit.unit_support import PackageIndex, commit_files, git, maxtext_release, maxtext_version, small_patch, small_project
 from unit.unit_support import small_upstream as make_small_upstream
 
@@ -41,6 +41,57 @@ def test_the_deps_file_of_a_release_names_its_three_commits():
     assert parse_deps(DEPS_024, "deps") == PINS_024
     with pytest.raises(OverlayError, match=r"deps: 'vllm @ git\+https://github.com/vllm-project/vllm@main' names no upstream commit"):
         parse_deps("vllm @ git+https://github.com/vllm-project/vllm@main\n", "deps")
+
+
+#: A release.json as the tool has always written it: a move stopped by an
+#: earlier version of the tool is resumed by this one.
+STOPPED_RELEASE = """{
+ "version": "0.2.5",
+ "extra": [
+  "maxtext[tpu-post-train]==0.2.4",
+  "maxtext[tpu-post-train]==0.2.5"
+ ],
+ "queue": [
+  {
+   "name": "tpu-inference",
+   "commit": "b67ae5f8f234fd559cf4b376840e7bb9ae6d3275",
+   "source": "/src/tpu-inference"
+  },
+  {
+   "name": "vllm",
+   "commit": "d626108b1841888ec90aced33367149a6bbc7e4b",
+   "source": null
+  }
+ ],
+ "plan": [
+  "rebase --maxtext 0.2.5: ..."
+ ],
+ "tables": [],
+ "touched": [
+  "patches/tpu-inference",
+  "pyproject.toml"
+ ],
+ "sources": {
+  "tpu-inference": "/src/tpu-inference"
+ },
+ "build": false,
+ "standins": false,
+ "run_tests": true,
+ "cache": "/cache",
+ "seconds": 1.5,
+ "clones": [
+  "tpu-inference",
+  "vllm"
+ ],
+ "aborting": false
+}"""
+
+
+def test_a_stopped_release_s_record_reads_as_typed_moves_and_is_written_back_the_same():
+    run = ReleaseState.from_json(STOPPED_RELEASE)
+    assert run.queue == [QueuedMove("tpu-inference", PINS_025["tpu-inference"], "/src/tpu-inference"),
+                         QueuedMove("vllm", PINS_025["vllm"], None)]
+    assert run.to_json() == STOPPED_RELEASE
 
 
 def _tool(project, index, *args):

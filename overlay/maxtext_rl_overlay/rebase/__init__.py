@@ -38,9 +38,11 @@ What differs between distributions is data, in patches/<NAME>/pin.toml
 the upstream naming the commit of another pin its CI verified.
 
 The modules: options and report (the API's types; options also parses the
-command's request: which of its modes, its flags checked), state (what survives a
-stop), upstream (fetch, work clone), apply (one patch's outcome), export
-(writing the series and the pins), versions, fasttests, findbase, render, and
+command's request: which of its modes, its flags checked), state (what
+survives a stop: each run's folder and record), upstream (fetch, work clone),
+apply (one patch's outcome), export (writing the series and the pins),
+versions, rebuild (--build) and fasttests (the two last steps), findbase,
+render, and
 machine (start, --continue, --abort); release (`--maxtext VERSION`: every
 pin a MaxText release names, one machine run each, and the `maxtext` extra).
 """

@@ -25,6 +25,7 @@ from ..progress import step
 from . import apply, export, state, upstream
 from .fasttests import run_fast_tests
 from .options import RebaseOptions
+from .rebuild import rebuild
 from .report import Report
 from .state import Outcome, PatchEntry, Paths, PinValues, RebaseState
 
@@ -35,9 +36,9 @@ def start(opts: RebaseOptions) -> Report:
     if opts.name not in DISTRIBUTIONS:
         raise OverlayError(f"unknown distribution {opts.name!r}; choose from {', '.join(DISTRIBUTIONS)}.")
     paths = Paths(root, opts.name)
-    if paths.state_file.exists():
+    if paths.run.record.exists():
         other = state.load(root)
-        raise state.in_progress_error(paths.state_file, other.aborting, f"a rebase of {other.name}")
+        raise paths.run.in_progress_error(other.aborting, f"a rebase of {other.name}")
     if opts.check_clean:
         refuse_dirty(root)
     pin = load_project(root).pins[opts.name]
@@ -58,10 +59,10 @@ def _start(opts: RebaseOptions, root: pathlib.Path, paths: Paths, pin: Pin, patc
     touched = list(pin.rebase.touched(opts.name))
     # The backup comes before any change to the project, and the record
     # after the backup and the work clone: it is what makes them the run's.
-    state.clear_stale(paths.state, paths.state_file)
-    paths.state.mkdir(parents=True)
+    paths.run.clear_stale()
+    paths.run.folder.mkdir(parents=True)
     try:
-        state.backup(root, paths.state, touched)
+        state.backup(root, paths.run.folder, touched)
         with step(opts.name, f"checking out {opts.new_ref} ({new_commit[:12]}) in {paths.work}"):
             notes += upstream.work_clone(pin, git_dir, new_commit, paths.work, pin.commit, [p.path for p in patches])
         run = RebaseState(
@@ -73,7 +74,7 @@ def _start(opts: RebaseOptions, root: pathlib.Path, paths: Paths, pin: Pin, patc
         )
         state.save(root, run)
     except BaseException:
-        shutil.rmtree(paths.state, ignore_errors=True)  # nothing was changed yet
+        shutil.rmtree(paths.run.folder, ignore_errors=True)  # nothing was changed yet
         raise
     for note in notes:
         step.note(opts.name, note)
@@ -87,7 +88,7 @@ def resume(root: pathlib.Path) -> Report:
     run = state.load(root)
     paths = Paths(root, run.name)
     if run.aborting:
-        raise state.in_progress_error(paths.state_file, aborting=True)
+        raise paths.run.in_progress_error(aborting=True)
     with buildcache.using(pathlib.Path(run.cache)):
         if run.phase == "applying":
             entry = run.conflicted()
@@ -107,10 +108,10 @@ def abort(root: pathlib.Path) -> str:
     if not run.aborting:
         run.aborting = True  # first: an abort cut short is finished by --abort, not built on by --continue
         state.save(root, run)
-    state.restore(root, paths.state, run.touched)
+    state.restore(root, paths.run.folder, run.touched)
     for folder in (paths.work, paths.find):
         shutil.rmtree(folder, ignore_errors=True)
-    state.finish(paths.state, paths.state_file)
+    paths.run.finish()
     shown = [f"{t}/" if (root / t).is_dir() else t for t in run.touched]
     return (
         f"rebase of {run.name} onto {run.new_ref} aborted: {', '.join(shown[:-1])} and {shown[-1]} "
@@ -143,8 +144,9 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
         run.phase = "written"
         state.save(root, run)
     if run.build:
-        _build(root, run)
-    state.finish(paths.state, paths.state_file)
+        rebuild(root, run.name, "building the wheels and constraints.txt from the new pins", _build_sources(run), run.cache,
+                run.standins, written="The rebased series and pin are written")
+    paths.run.finish()
     report = _report(run)
     if run.run_tests:
         tests = run_fast_tests(root, rebuilt=run.build)
@@ -155,28 +157,11 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
     return report
 
 
-def _build(root: pathlib.Path, run: RebaseState) -> None:
-    from ..build import BuildOptions, build
-
-    given = dict(run.build_sources)
-    if run.source:
-        given[run.name] = run.source
-    with step(run.name, "building the wheels and constraints.txt from the new pins"):
-        try:
-            build(BuildOptions(project_root=root, sources=given, cache=pathlib.Path(run.cache),
-                               torch_standin=run.standins, allow_unpinned=run.standins))
-        except OverlayError as exc:
-            raise OverlayError(
-                f"{exc}\nThe rebased series and pin are written; the build failed, so constraints.txt is unchanged. "
-                "Fix the cause and run scripts/rebase.sh --continue (builds again), or scripts/rebase.sh --abort."
-            ) from None
-
-
 def _next_step(root: pathlib.Path, run: RebaseState) -> str:
     undo = "undo with `git checkout -- patches constraints.txt` (the checkout was clean when the rebase began)."
     if run.build:
         return f"Review with `git diff -- patches constraints.txt` in {root} and commit; {undo}"
-    given = {**run.build_sources, **({run.name: run.source} if run.source else {})}
+    given = _build_sources(run)
     command = shlex.join(["scripts/build-wheels.sh", *(a for n, p in sorted(given.items()) for a in ("--source", f"{n}={p}"))])
     return (
         "Next: constraints.txt still pins the wheels of the old pin (no --build). Rebuild it from the new pins:\n"
@@ -185,6 +170,11 @@ def _next_step(root: pathlib.Path, run: RebaseState) -> str:
         f"`git diff -- patches constraints.txt` in {root} and commit the series, the pins and constraints.txt together; "
         + undo
     )
+
+
+def _build_sources(run: RebaseState) -> dict[str, str]:
+    """Where --build takes each upstream from: the rebased one's --source too."""
+    return {**run.build_sources, **({run.name: run.source} if run.source else {})}
 
 
 def _backed_up_patch(paths: Paths, entry: PatchEntry) -> pathlib.Path:

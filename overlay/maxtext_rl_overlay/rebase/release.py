@@ -61,11 +61,11 @@ from ..errors import OverlayError
 from ..git import git
 from ..options import maxtext_requirement
 from ..pins import DISTRIBUTIONS, load_project
-from ..progress import step
 from ..staging import recover, remove_tree, write_atomically
 from . import machine, state
 from .fasttests import run_fast_tests
 from .options import RebaseOptions
+from .rebuild import rebuild
 from .render import render
 
 #: Where a MaxText release names its upstream commits, inside its wheel.
@@ -183,11 +183,20 @@ class ReleaseOptions:
     cache: pathlib.Path | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class QueuedMove:
+    """A move left to make, as release.json records it (its keys are the
+    record's: a move stopped by one version of the tool is resumed by another)."""
+    name: str
+    commit: str  # the release's commit of `name`: where its pin goes
+    source: str | None  # the --source holding it
+
+
 @dataclasses.dataclass
 class ReleaseState:
     version: str
     extra: list[str]  # [old, new] requirement of the `maxtext` extra
-    queue: list[dict[str, Any]]  # {"name", "commit", "source"}: the moves left, the head one in progress
+    queue: list[QueuedMove]  # the moves left, the head one in progress
     plan: list[str]  # the plan's lines, for the report
     tables: list[str] = dataclasses.field(default_factory=list)  # the finished moves' reports
     touched: list[str] = dataclasses.field(default_factory=list)
@@ -199,6 +208,14 @@ class ReleaseState:
     seconds: float = 0.0
     clones: list[str] = dataclasses.field(default_factory=list)  # the distributions whose work clones the move makes
     aborting: bool = False  # an --abort began: only --abort goes on from here
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ReleaseState:
+        data: dict[str, Any] = json.loads(text)
+        return cls(**{**data, "queue": [QueuedMove(**move) for move in data["queue"]]})
 
 
 @dataclasses.dataclass
@@ -212,27 +229,19 @@ class ReleaseReport:
         return self.stopped or not self.tests_ok
 
 
-def _dir(root: pathlib.Path) -> pathlib.Path:
-    return state.Paths(root, "").release
-
-
-def _record(root: pathlib.Path) -> pathlib.Path:
-    return state.Paths(root, "").release_file
-
-
 def in_progress(root: pathlib.Path) -> bool:
-    return _record(root.resolve()).is_file()
+    return state.release_run(root.resolve()).in_progress()
 
 
 def _save(root: pathlib.Path, run: ReleaseState) -> None:
-    write_atomically(_record(root), json.dumps(dataclasses.asdict(run), indent=1))
+    write_atomically(state.release_run(root).record, run.to_json())
 
 
 def _load(root: pathlib.Path) -> ReleaseState:
-    f = _record(root)
+    f = state.release_run(root).record
     try:
-        return ReleaseState(**json.loads(f.read_text()))
-    except (OSError, ValueError, TypeError) as exc:
+        return ReleaseState.from_json(f.read_text())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise OverlayError(f"{f} is not a release rebase state this tool reads ({exc}); undo by hand with "
                            f"`git checkout -- patches pyproject.toml constraints.txt` in {root}, then remove {f.parent}.") from None
 
@@ -240,10 +249,11 @@ def _load(root: pathlib.Path) -> ReleaseState:
 def start(opts: ReleaseOptions) -> ReleaseReport:
     began = time.monotonic()
     root = opts.project_root.resolve()
-    if in_progress(root):
-        raise state.in_progress_error(_record(root), _load(root).aborting, "a rebase --maxtext")
-    if state.Paths(root, "").state_file.exists():
-        raise state.in_progress_error(state.Paths(root, "").state_file, state.load(root).aborting)
+    own = state.release_run(root)
+    if own.in_progress():
+        raise own.in_progress_error(_load(root).aborting, "a rebase --maxtext")
+    if state.state_file(root).exists():
+        raise state.distribution_run(root).in_progress_error(state.load(root).aborting)
     machine.refuse_dirty(root)
     cache = opts.cache or sources.cache_root()
     with buildcache.using(cache):  # the release wheel goes into it; `clean` waits
@@ -252,11 +262,10 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
         return ReleaseReport("\n".join(the_plan.lines()) + f"\n\nThe pins and the `maxtext` extra are already MaxText {the_plan.version}'s: nothing changed.")
     pins = load_project(root).pins
     touched = sorted({t for m in the_plan.moving for t in pins[m.name].rebase.touched(m.name)} | {"pyproject.toml"})
-    folder = _dir(root)
-    state.clear_stale(folder, _record(root))
-    folder.mkdir(parents=True)
-    state.backup(root, folder, touched)  # before the first change: --abort restores the whole move from it
-    run = ReleaseState(the_plan.version, list(the_plan.extra), [{"name": m.name, "commit": m.new, "source": m.source} for m in the_plan.moving],
+    own.clear_stale()
+    own.folder.mkdir(parents=True)
+    state.backup(root, own.folder, touched)  # before the first change: --abort restores the whole move from it
+    run = ReleaseState(the_plan.version, list(the_plan.extra), [QueuedMove(m.name, m.new, m.source) for m in the_plan.moving],
                        the_plan.lines(), touched=touched, sources=dict(opts.sources), build=opts.build, standins=opts.standins,
                        run_tests=opts.run_tests, cache=str(cache), clones=[m.name for m in the_plan.moving])
     _save(root, run)  # the commit point of the start: the backup is whole
@@ -267,7 +276,7 @@ def resume(root: pathlib.Path) -> ReleaseReport:
     root = root.resolve()
     run = _load(root)
     if run.aborting:
-        raise state.in_progress_error(_record(root), aborting=True, what="a rebase --maxtext")
+        raise state.release_run(root).in_progress_error(aborting=True, what="a rebase --maxtext")
     return _advance(root, run, time.monotonic())
 
 
@@ -277,12 +286,13 @@ def abort(root: pathlib.Path) -> str:
     if not run.aborting:
         run.aborting = True  # first: an abort cut short is finished by --abort, not built on by --continue
         _save(root, run)
-    paths = state.Paths(root, "")
-    if paths.state_file.is_file():
+    distribution = state.distribution_run(root)
+    if distribution.in_progress():
         machine.abort(root)  # the stopped distribution's work clone and state
-    elif paths.state.exists():
-        remove_tree(paths.state)  # a distribution's rebase killed before its start was recorded, or after its end was
-    state.restore(root, _dir(root), run.touched)
+    elif distribution.folder.exists():
+        remove_tree(distribution.folder)  # a distribution's rebase killed before its start was recorded, or after its end was
+    own = state.release_run(root)
+    state.restore(root, own.folder, run.touched)
     removed = []
     for name in run.clones:  # the finished moves' work clones too
         paths = state.Paths(root, name)
@@ -290,7 +300,7 @@ def abort(root: pathlib.Path) -> str:
             if folder.exists():
                 shutil.rmtree(folder)
                 removed.append(str(folder.relative_to(root)))
-    state.finish(_dir(root), _record(root))
+    own.finish()
     return (f"rebase --maxtext {run.version} aborted: {', '.join(run.touched)} restored from the backup taken before the first change"
             + (f"; work clones removed: {', '.join(removed)}." if removed else "."))
 
@@ -298,29 +308,34 @@ def abort(root: pathlib.Path) -> str:
 def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseReport:
     while run.queue:
         move = run.queue[0]
-        if state.Paths(root, "").state_file.is_file():
+        if state.in_progress(root):
             report = machine.resume(root)  # the move that stopped, resolved by the person
-        elif load_project(root).pins[move["name"]].commit == move["commit"]:
+        elif load_project(root).pins[move.name].commit == move.commit:
             # Its rebase ended (its record is gone) and this run was killed before recording that: done, not made again.
-            run.tables.append(f"{move['name']}: moved to {move['commit'][:12]} by a run that was stopped before it recorded "
+            run.tables.append(f"{move.name}: moved to {move.commit[:12]} by a run that was stopped before it recorded "
                               "the move (its table was lost with it)")
             run.queue.pop(0)
             _save(root, run)
             continue
         else:
-            others = {n: p for n, p in run.sources.items() if n != move["name"]}
-            report = machine.start(RebaseOptions(root, move["name"], move["commit"], source=move["source"], build_sources=others,
+            others = {n: p for n, p in run.sources.items() if n != move.name}
+            report = machine.start(RebaseOptions(root, move.name, move.commit, source=move.source, build_sources=others,
                                                  run_tests=False, cache=pathlib.Path(run.cache), check_clean=False))
         if report.stopped:
             run.seconds += time.monotonic() - began
             _save(root, run)
             text = "\n\n".join(["\n".join(run.plan), *run.tables, render(report)])
-            return ReleaseReport(text + f"\n(--continue goes on with {', '.join(m['name'] for m in run.queue[1:]) or 'the extra'} "
+            return ReleaseReport(text + f"\n(--continue goes on with {', '.join(m.name for m in run.queue[1:]) or 'the extra'} "
                                  "after this one; --abort restores the whole move, pyproject.toml included.)", stopped=True)
         report.message = ""  # one next step, for the whole move, below
         run.tables.append(render(report))
         run.queue.pop(0)
         _save(root, run)
+    return _end(root, run, began)
+
+
+def _end(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseReport:
+    """Every move made: the `maxtext` extra, the build, the end of the run's record, the fast tests."""
     pyproject = root / "pyproject.toml"
     extra = load_project(root).options.maxtext.extra
     text = pyproject.read_text()
@@ -328,8 +343,10 @@ def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseRepo
         recover(pyproject)  # the staged file of a run killed in this write
         write_atomically(pyproject, tomledit.set_value(text, ("project", "optional-dependencies"), extra, [run.extra[1]], where=str(pyproject)))
     if run.build:
-        _build(root, run)
-    state.finish(_dir(root), _record(root))
+        rebuild(root, "maxtext", f"building the wheels and constraints.txt for MaxText {run.version}", run.sources, run.cache,
+                run.standins, written=f"The rebased series, the pins and pyproject.toml's `maxtext` extra are written (MaxText {run.version})",
+                undo=" (restores the whole move)")
+    state.release_run(root).finish()
     lines = ["\n".join(run.plan), *run.tables]
     ok = True
     if run.run_tests:
@@ -342,18 +359,3 @@ def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseRepo
     lines.append(f"Review with `git diff -- patches pyproject.toml constraints.txt` in {root} and commit together"
                  + ("." if run.build else f"; first rebuild constraints.txt: scripts/build-wheels.sh {given}".rstrip() + "."))
     return ReleaseReport("\n\n".join(lines), tests_ok=ok)
-
-
-def _build(root: pathlib.Path, run: ReleaseState) -> None:
-    from ..build import BuildOptions, build
-
-    with step("maxtext", f"building the wheels and constraints.txt for MaxText {run.version}"):
-        try:
-            build(BuildOptions(project_root=root, sources=dict(run.sources), cache=pathlib.Path(run.cache),
-                               torch_standin=run.standins, allow_unpinned=run.standins))
-        except OverlayError as exc:
-            raise OverlayError(
-                f"{exc}\nThe rebased series, the pins and pyproject.toml's `maxtext` extra are written (MaxText {run.version}); "
-                "the build failed, so constraints.txt is unchanged. Fix the cause and run scripts/rebase.sh --continue "
-                "(builds again), or scripts/rebase.sh --abort (restores the whole move)."
-            ) from None

@@ -117,6 +117,75 @@ class RebaseState:
         return cls(**data)
 
 
+def _base(root: pathlib.Path) -> pathlib.Path:
+    return root / "build" / "rebase"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFolder:
+    """A resumable run's folder below build/rebase/ (gitignored), and the
+    record in it that makes it one: the commit point of each of its steps."""
+    folder: pathlib.Path
+    record: pathlib.Path
+
+    @classmethod
+    def below(cls, root: pathlib.Path, folder: str, record: str) -> RunFolder:
+        return cls(_base(root) / folder, _base(root) / folder / record)
+
+    def in_progress(self) -> bool:
+        return self.record.is_file()
+
+    def in_progress_error(self, aborting: bool, what: str = "a rebase") -> OverlayError:
+        """What a start, or --continue, says of `what` (a rebase) whose record exists."""
+        if aborting:
+            return OverlayError(f"an --abort of {what} ({self.folder}) was stopped before it finished, so the project may be half "
+                                "restored: finish it with scripts/rebase.sh --abort.")
+        return OverlayError(f"{what} is in progress ({self.folder}): finish it with scripts/rebase.sh --continue "
+                            "or undo it with scripts/rebase.sh --abort.")
+
+    def stale(self) -> bool:
+        """The folder without its record: what a run killed before its start
+        was recorded, or after its end was, left."""
+        return self.folder.exists() and not self.record.exists()
+
+    def clear_stale(self) -> None:
+        """Remove the folder when it is stale, saying what it was: the project
+        is as before that run or as after it. (With the record, the run is in
+        progress: the caller refuses to start.)"""
+        if self.stale():
+            print(f"maxtext-rl-overlay: cleared {self.folder}: left over from a rebase stopped before its start was recorded or after "
+                  "its end was (it held no record); the project is as before that rebase or as after it.", file=sys.stderr, flush=True)
+            if not remove_tree(self.folder):
+                raise OverlayError(f"{self.folder} could not be removed: remove it by hand, then start again.")
+
+    def finish(self) -> None:
+        """End the run: its record first (the commit point: from here no
+        command takes the run up), then the rest of the folder (the backup),
+        which a kill may cut short harmlessly."""
+        remove_file(self.record)
+        remove_tree(self.folder)
+
+
+def distribution_run(root: pathlib.Path) -> RunFolder:
+    """The per-distribution rebase's (machine.py): build/rebase/state/state.json."""
+    return RunFolder.below(root, "state", "state.json")
+
+
+def release_run(root: pathlib.Path) -> RunFolder:
+    """`rebase --maxtext`'s own (release.py), wrapping the distributions' runs."""
+    return RunFolder.below(root, "release", "release.json")
+
+
+def state_file(root: pathlib.Path) -> pathlib.Path:
+    """The per-distribution rebase's record."""
+    return distribution_run(root).record
+
+
+def in_progress(root: pathlib.Path) -> bool:
+    """Whether a per-distribution rebase is in progress (its record exists)."""
+    return distribution_run(root).in_progress()
+
+
 @dataclasses.dataclass(frozen=True)
 class Paths:
     """Where a rebase of `name` keeps its things, all below build/rebase/ (gitignored)."""
@@ -124,52 +193,30 @@ class Paths:
     name: str
 
     @property
-    def base(self) -> pathlib.Path:
-        return self.root / "build" / "rebase"
-
-    @property
-    def state(self) -> pathlib.Path:
-        return self.base / "state"
-
-    @property
-    def state_file(self) -> pathlib.Path:
-        return self.state / "state.json"
+    def run(self) -> RunFolder:
+        return distribution_run(self.root)
 
     @property
     def backup(self) -> pathlib.Path:
-        return self.state / "backup"
+        return self.run.folder / "backup"
 
     @property
     def work(self) -> pathlib.Path:
-        return self.base / self.name
+        return _base(self.root) / self.name
 
     @property
     def find(self) -> pathlib.Path:
-        return self.base / f"{self.name}.find-base"
-
-    @property
-    def release(self) -> pathlib.Path:
-        """`rebase --maxtext`'s own folder (release.py)."""
-        return self.base / "release"
-
-    @property
-    def release_file(self) -> pathlib.Path:
-        return self.release / "release.json"
-
-    def records(self) -> dict[pathlib.Path, pathlib.Path]:
-        """Each folder of a rebase's state, and the record that makes it one."""
-        return {self.state: self.state_file, self.release: self.release_file}
+        return _base(self.root) / f"{self.name}.find-base"
 
 
 def save(root: pathlib.Path, state: RebaseState) -> None:
-    write_atomically(Paths(root, state.name).state_file, state.to_json())
+    write_atomically(state_file(root), state.to_json())
 
 
 def load(root: pathlib.Path) -> RebaseState:
-    paths = Paths(root, "")
-    f = paths.state_file
+    f = state_file(root)
     if not f.is_file():
-        stale = [str(folder) for folder, record in paths.records().items() if folder.exists() and not record.exists()]
+        stale = [str(run.folder) for run in (distribution_run(root), release_run(root)) if run.stale()]
         left = (f"; {' and '.join(stale)} {'is' if len(stale) == 1 else 'are'} left over from a rebase stopped before its start "
                 "was recorded or after its end was (the project is as before it or as after it: see git status), and the "
                 "next start clears it" if stale else "")
@@ -183,35 +230,6 @@ def load(root: pathlib.Path) -> RebaseState:
             f"{f} is not a rebase state this version of the tool reads ({exc}). Undo the rebase by hand: "
             f"`git checkout -- patches constraints.txt` in {root}, then remove {f.parent.parent}."
         ) from None
-
-
-def in_progress_error(record: pathlib.Path, aborting: bool, what: str = "a rebase") -> OverlayError:
-    """What a start, or --continue, says of `what` (a rebase) whose record exists."""
-    if aborting:
-        return OverlayError(f"an --abort of {what} ({record.parent}) was stopped before it finished, so the project may be half "
-                            "restored: finish it with scripts/rebase.sh --abort.")
-    return OverlayError(f"{what} is in progress ({record.parent}): finish it with scripts/rebase.sh --continue "
-                        "or undo it with scripts/rebase.sh --abort.")
-
-
-def finish(folder: pathlib.Path, record: pathlib.Path) -> None:
-    """End a run: its record first (the commit point: from here no command
-    takes the run up), then the rest of `folder` (the backup), which a kill
-    may cut short harmlessly."""
-    remove_file(record)
-    remove_tree(folder)
-
-
-def clear_stale(folder: pathlib.Path, record: pathlib.Path) -> None:
-    """Remove `folder` when it lacks its `record`, saying what it was: a run
-    killed before its start was recorded or after its end was left it, and
-    the project is as before that run or as after it. (With the record, the
-    run is in progress: the caller refuses to start.)"""
-    if folder.exists() and not record.exists():
-        print(f"maxtext-rl-overlay: cleared {folder}: left over from a rebase stopped before its start was recorded or after "
-              "its end was (it held no record); the project is as before that rebase or as after it.", file=sys.stderr, flush=True)
-        if not remove_tree(folder):
-            raise OverlayError(f"{folder} could not be removed: remove it by hand, then start again.")
 
 
 def backup(root: pathlib.Path, state_dir: pathlib.Path, touched: list[str]) -> None:
