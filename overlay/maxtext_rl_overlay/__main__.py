@@ -211,8 +211,7 @@ def _cmd_test_matrix(args: argparse.Namespace) -> int:
 
 def _cmd_rebase(args: argparse.Namespace) -> int:
     from . import rebase
-    from .rebase.options import Abort, FindBase, RebaseOptions, Resume, parse_request
-    from .rebase.release import ReleaseOptions
+    from .rebase.options import Abort, FindBase, RebaseOptions, ReleaseOptions, Resume, parse_request
 
     root = _project(args)
     request = parse_request(root, name=args.name, new_ref=args.new_ref, maxtext=args.maxtext, sources=args.source, build=args.build,

@@ -150,8 +150,7 @@ def test_lint_reports_a_malformed_patch_as_a_finding_and_goes_on(tmp_path):
 def test_the_rebase_modes_are_one_typed_request(tmp_path, monkeypatch):
     """The command line hands the rebase its flags; rebase/options.py says
     which of its five modes they ask for, with each --source where it goes."""
-    from maxtext_rl_overlay.rebase.options import Abort, FindBase, RebaseOptions, Resume, parse_request
-    from maxtext_rl_overlay.rebase.release import ReleaseOptions
+    from maxtext_rl_overlay.rebase.options import Abort, FindBase, RebaseOptions, ReleaseOptions, Resume, parse_request
 
     monkeypatch.chdir(tmp_path)  # a relative PATH is resolved where the command is given
     none = dict(name=None, new_ref=None, maxtext=None, sources=[], build=False, standins=False, apply_vllm_lkg=False,

@@ -7,14 +7,10 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..errors import UsageError
 from ..options import named_source
 from ..pins import DISTRIBUTIONS
-
-if TYPE_CHECKING:  # release.py reads RebaseOptions from here: imported where it is used, below
-    from .release import ReleaseOptions
 
 
 @dataclasses.dataclass
@@ -30,6 +26,18 @@ class RebaseOptions:
     run_tests: bool = True
     cache: pathlib.Path | None = None
     check_clean: bool = True  # False within `--maxtext`: it checked the checkout before its first move
+
+
+@dataclasses.dataclass
+class ReleaseOptions:
+    """--maxtext VERSION: every pin moved to the commit a MaxText release names."""
+    project_root: pathlib.Path
+    version: str
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # NAME=PATH: where each new commit is
+    build: bool = False
+    standins: bool = False
+    run_tests: bool = True
+    cache: pathlib.Path | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +85,6 @@ def parse_request(project_root: pathlib.Path, *, name: str | None, new_ref: str 
             raise UsageError("--continue and --abort take no NAME, NEW_REF or --maxtext: they act on the rebase in progress.")
         return Abort(project_root) if abort else Resume(project_root)
     if maxtext:
-        from .release import ReleaseOptions
-
         if name or new_ref or find_base or apply_vllm_lkg:
             raise UsageError("--maxtext VERSION takes no NAME, NEW_REF, --find-base or --apply-vllm-lkg: the release names every commit.")
         try:

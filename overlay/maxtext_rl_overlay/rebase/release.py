@@ -64,7 +64,7 @@ from ..pins import DISTRIBUTIONS, load_project
 from ..staging import recover, remove_tree, write_atomically
 from . import machine, state
 from .fasttests import run_fast_tests
-from .options import RebaseOptions
+from .options import RebaseOptions, ReleaseOptions
 from .rebuild import rebuild
 from .render import render
 
@@ -170,17 +170,6 @@ def _holds(path: pathlib.Path, commit: str) -> bool:
     if not path.is_dir():
         return False
     return git("cat-file", "-e", f"{commit}^{{commit}}", cwd=path, check=False).returncode == 0
-
-
-@dataclasses.dataclass
-class ReleaseOptions:
-    project_root: pathlib.Path
-    version: str
-    sources: dict[str, str] = dataclasses.field(default_factory=dict)  # NAME=PATH: where each new commit is
-    build: bool = False
-    standins: bool = False
-    run_tests: bool = True
-    cache: pathlib.Path | None = None
 
 
 @dataclasses.dataclass(frozen=True)
