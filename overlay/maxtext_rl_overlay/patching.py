@@ -127,7 +127,8 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
 
 def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> buildcache.Entry:
     key = buildcache.key(inputs)
-    return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, pin.distribution, "patched tree", "patching afresh")
+    return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, who=pin.distribution, result="patched tree",
+                            afresh="patching afresh")
 
 
 def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[AppliedPatch] | None:
