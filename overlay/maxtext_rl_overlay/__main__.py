@@ -79,7 +79,7 @@ def _only_arg(text: str) -> list[str]:
 
 
 def _base_url_arg(text: str) -> str:
-    from .publish import base_url
+    from .indexpages import base_url
 
     try:
         base_url(text)

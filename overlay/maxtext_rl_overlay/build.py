@@ -18,7 +18,22 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, buildenv, environment, gittree, interrupts, manifest, overlayfiles, publish, sources, tomledit, wheels
+from . import (
+    buildcache,
+    buildenv,
+    closures,
+    constraintsfile,
+    environment,
+    gittree,
+    indexpages,
+    inputdigests,
+    interrupts,
+    manifest,
+    overlayfiles,
+    sources,
+    tomledit,
+    wheels,
+)
 from .digest import sha256_file
 from .errors import OverlayError
 from .patching import Engine, apply_series
@@ -63,7 +78,7 @@ def build(opts: BuildOptions) -> BuildResult:
     if unused:  # the user meant to build it, or gave the wrong name: either way not to be ignored
         raise OverlayError(f"--source {unused[0]}={opts.sources[unused[0]]}: --only {','.join(opts.only or [])} leaves {', '.join(unused)} "
                            f"out, so the source would not be used. Add {', '.join(unused)} to --only, or drop the --source.")
-    base = publish.base_url(opts.base_url) if opts.base_url else None
+    base = indexpages.base_url(opts.base_url) if opts.base_url else None
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
     cache = opts.cache or sources.cache_root()
@@ -97,10 +112,10 @@ def _check_destinations(project: Project, out: pathlib.Path, constraints: pathli
     if constraints.is_relative_to(out):
         raise OverlayError(f"--constraints {constraints} is inside --out {out}, which the build replaces whole (its own "
                            f"constraints.txt names the index as it is served); name a file outside it.")
-    check_replaceable(out, publish.INDEX_MARKER)
+    check_replaceable(out, indexpages.INDEX_MARKER)
     check_writable(out, folder=True)
     check_writable(constraints)
-    check_replaceable_file(constraints, publish.CONSTRAINTS_FILE, flag="--constraints")
+    check_replaceable_file(constraints, constraintsfile.CONSTRAINTS_FILE, flag="--constraints")
 
 
 def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathlib.Path, base: str | None, out: pathlib.Path,
@@ -118,7 +133,7 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
     recover(constraints_path)
     with interrupts.publication() as publishing, contextlib.ExitStack() as after_the_index:
         # The constraints file moves into place right after the index, before the old index is removed.
-        with staged_dir(out, replace=publish.INDEX_MARKER, mode=0o755, then=after_the_index.close) as staging:
+        with staged_dir(out, replace=indexpages.INDEX_MARKER, mode=0o755, then=after_the_index.close) as staging:
             entries: dict[str, manifest.Distribution] = {}
             for pin in chosen:
                 entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
@@ -132,13 +147,13 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             overlay_wheel = _build_overlay(project, overlay.files, record, adapter, staging, opts.python, cache)
             # What the wheels were made from, for the header (tests/unit finds a stale file by it):
             # read now, after the upstreams' builds (which may rewrite a toolchain file) and the overlay's.
-            inputs = publish.input_digests(project, entries, overlay.files)
-            sums = publish.write_index(staging)
-            publish.write_simple(staging, sums)
+            inputs = inputdigests.input_digests(project, entries, overlay.files)
+            sums = indexpages.write_index(staging)
+            indexpages.write_simple(staging, sums)
             find_links = _relative(out, constraints_path.parent)
             requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
             # Preferring the committed file's versions keeps a fresh resolution stable.
-            closure = publish.resolve_closure(staging, requirement, opts.python, env, cache=cache, preferences=project.root / "constraints.txt")
+            closure = closures.resolve(staging, requirement, opts.python, env, cache=cache, preferences=project.root / "constraints.txt")
             standins = [n for n, e in entries.items() if not e.from_pin]
             notes = [
                 "Built from the pins in patches/*/pin.toml." if not standins
@@ -146,20 +161,20 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
                 env.torch.describe() + ".",
             ]
             if env.overrides:
-                (staging / publish.STANDIN_OVERRIDES).write_text(publish.overrides_text(env))
+                (staging / indexpages.STANDIN_OVERRIDES).write_text(constraintsfile.overrides_text(env))
             # The index carries its own copy (find-links ".", which uv resolves
             # against the file's own folder or URL) so that the folder alone is a
             # complete release, on disk or served as it is over HTTP:
             # uv pip install -c dist/constraints.txt ... or -c URL/constraints.txt.
             # With --base-url it names the index by that URL instead.
             made_by = _made_by(opts, project, entries, out, constraints_path)
-            (staging / "constraints.txt").write_text(publish.constraints_text(closure, sums, base or ".", notes=notes, env=env, location=base or "",
-                                                                              made_by=made_by, inputs=inputs))
-            text = publish.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs)
+            (staging / "constraints.txt").write_text(constraintsfile.constraints_text(closure, sums, base or ".", notes=notes, env=env,
+                                                                                      location=base or "", made_by=made_by, inputs=inputs))
+            text = constraintsfile.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs)
             after_the_index.callback(end_pair, constraints_path)  # last: once the file is in place (or removed)
             staged = after_the_index.enter_context(staged_file(constraints_path, text))
             # Again, before the index moves (a refusal after it would leave a mix): the file may have changed meanwhile.
-            check_replaceable_file(constraints_path, publish.CONSTRAINTS_FILE, flag="--constraints")
+            check_replaceable_file(constraints_path, constraintsfile.CONSTRAINTS_FILE, flag="--constraints")
             # A run killed between the index's swap and the file's rename: the next one completes the pair.
             begin_pair(out, "SHA256SUMS", sha256_file(staging / "SHA256SUMS"), staged, constraints_path)
             publishing.begin()  # the last point where an interrupt leaves the previous build in place

@@ -39,18 +39,19 @@ import shutil
 import sys
 import tempfile
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from . import proc
 from .errors import OverlayError
 from .progress import step
-from .staging import cannot_write, recover, write_atomically
+from .staging import cannot_write, recover, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
 CACHEDIR_TAG = "CACHEDIR.TAG"
-_TAG_TEXT = (
+#: The tag's text: what makes a folder the tool's cache (see claim).
+TAG_TEXT = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file is a cache directory tag created by maxtext-rl-overlay.\n"
     "# For information about cache directory tags, see https://bford.info/cachedir/\n"
@@ -59,7 +60,7 @@ _TAG_TEXT = (
 #: Where the locks live, in the cache; the cache's own lock (held shared by
 #: every build, exclusively by `clean`) is the one at its top.
 LOCKS = "locks"
-_ROOT_LOCK = "cache.lock"
+ROOT_LOCK = "cache.lock"
 #: The folders the tool keeps in the cache (`<cache>/<kind>/<entry>`), and
 #: who makes them: all that `clean` removes.
 KINDS = {
@@ -68,7 +69,7 @@ KINDS = {
     "patched": "patched trees (patching.py)",
     "wheels": "built wheels (wheels.py)",
     "buildenv": "build environments (buildenv.py)",
-    "closures": "resolutions of the closure (publish.py)",
+    "closures": "resolutions of the closure (closures.py)",
     "releases": "MaxText release wheels (environment.py)",
     "standins": "the stand-in sdists of the tests (tests/standins.py)",
 }
@@ -96,7 +97,7 @@ def uv_identity(python: str) -> dict[str, Any]:
     interpreter it runs builds with, the UV_* variables (as digests: they
     may hold secrets) and the settings files it may read."""
     return {
-        "uv": _uv_version(),
+        "uv": uv_version(),
         "interpreter": _interpreter(python),
         "uv_environment": {k: _sha(v) for k, v in sorted(os.environ.items()) if k.startswith("UV_") and k not in _UV_NEUTRAL},
         "uv_config": _uv_config(),
@@ -110,11 +111,11 @@ def compiler_identity(env: Mapping[str, str]) -> dict[str, str]:
     --version says. After a compiler upgrade a kept compiled wheel is a miss,
     as a cold build would compile with the new one."""
     path = env.get("PATH", "")
-    return {var: _compiler(env.get(var) or default, path) for var, default in (("CC", "cc"), ("CXX", "c++"))}
+    return {var: compiler_version(env.get(var) or default, path) for var, default in (("CC", "cc"), ("CXX", "c++"))}
 
 
 @functools.cache
-def _compiler(command: str, path: str) -> str:
+def compiler_version(command: str, path: str) -> str:
     words = shlex.split(command)
     found = shutil.which(words[0], path=path) if words else None
     if found is None:
@@ -148,7 +149,7 @@ def _interpreter(python: str) -> str:
 
 
 @functools.cache
-def _uv_version() -> str:
+def uv_version() -> str:
     return str(proc.run(["uv", "--version"], what="reading uv's version").stdout).strip()
 
 
@@ -182,6 +183,95 @@ def _uv_config() -> dict[str, str]:
             data = json.dumps(table, sort_keys=True, default=str).encode()
         found[str(path)] = hashlib.sha256(data).hexdigest()
     return found
+
+
+#: What a kept folder holds beside its result: its record.
+RECORD = "record.json"
+_T = TypeVar("_T")
+
+
+class Damaged(Exception):
+    """What an Entry's check raises for an entry that is not what its
+    record says (a wheel of another sha256, a tree of another id)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One kept result, `<cache>/<kind>/<name>`, found by `key`: the key()
+    of the inputs that made it.
+
+    A folder holds the result's files and its record (RECORD); a result that
+    is text (a resolution) is one JSON file, `one_file`, that is its own
+    record. A record is JSON: the key, the inputs (for whoever reads the
+    cache) and what lets the result be checked when it is reused. An entry
+    is made and reused under its lock (`locked`): one build makes it while
+    the others wait, then reuse it.
+
+    `who` says what becomes of it in the build's output, naming it as
+    `result` ("wheel"); `afresh` is what the build does instead of reusing a
+    damaged one ("building afresh")."""
+
+    path: pathlib.Path
+    key: str
+    who: str
+    result: str
+    afresh: str
+    one_file: bool = False
+    #: How the damaged note says it was kept: "cached" for a resolution, as the resolution's other notes say.
+    kept: str = "kept"
+
+    @property
+    def record_path(self) -> pathlib.Path:
+        return self.path if self.one_file else self.path / RECORD
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        return locked(self.path, who=self.who)
+
+    def reuse(self, check: Callable[[dict[str, Any]], _T]) -> _T | None:
+        """What `check` makes of the record of a whole entry; None for no
+        entry, and for a damaged one, which is said and removed (the caller
+        makes it again). Damaged: a record that cannot be read, is not JSON
+        or is another key's, or one `check` rejects: raising Damaged, or
+        KeyError, TypeError or ValueError (a field missing or of the wrong
+        kind), or OSError (a file of the entry missing or unreadable)."""
+        if not os.path.lexists(self.record_path):
+            return None
+        try:
+            record = json.loads(self.record_path.read_text())
+            if not isinstance(record, dict) or record.get("key") != self.key:
+                raise Damaged
+            return check(record)
+        except (Damaged, OSError, ValueError, KeyError, TypeError):
+            pass
+        step.note(self.who, f"ignoring a damaged {self.kept} {self.result} {self.key[:12]}: {self.afresh}")
+        if self.path.is_dir() and not self.path.is_symlink():
+            shutil.rmtree(self.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
+        return None
+
+    def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None) -> bool:
+        """Keep a result: `record` (the key is added) and, in a folder,
+        what `fill` puts into the (staged) folder it is given. An entry
+        appears whole or not at all. False, said, when the cache cannot take
+        it (full, read-only): the result stands, only its reuse is lost."""
+        text = json.dumps({**record, "key": self.key}, indent=1, sort_keys=True) + "\n"
+        try:
+            if self.one_file:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                recover(self.path)  # under the entry's lock: a staged copy beside it is a killed build's
+                write_atomically(self.path, text)
+            else:
+                shutil.rmtree(self.path, ignore_errors=True)
+                with staged_dir(self.path) as staged:
+                    if fill is not None:
+                        fill(staged)
+                    (staged / RECORD).write_text(text)
+        except (OSError, OverlayError) as exc:  # OverlayError: staging's "cannot write", and NoSpace
+            step.note(self.who, f"the {self.result} was not kept for reuse ({exc})")
+            return False
+        return True
 
 
 def lock_path(entry: pathlib.Path) -> pathlib.Path:
@@ -239,9 +329,9 @@ def flock(path: pathlib.Path, *, who: str, what: str) -> contextlib.AbstractCont
     return _flock(path, who=who, what=what)
 
 
-def _own_tag(cache: pathlib.Path) -> bool:
+def own_tag(cache: pathlib.Path) -> bool:
     try:
-        return (cache / CACHEDIR_TAG).read_text() == _TAG_TEXT
+        return (cache / CACHEDIR_TAG).read_text() == TAG_TEXT
     except (OSError, UnicodeDecodeError):
         return False
 
@@ -260,14 +350,14 @@ def claim(cache: pathlib.Path) -> None:
     tag = cache / CACHEDIR_TAG
     with cannot_write(cache):
         cache.mkdir(parents=True, exist_ok=True)
-        if _own_tag(cache) and not _staged_tags(cache):
+        if own_tag(cache) and not _staged_tags(cache):
             return
-        with _folder_lock(cache) as held:
+        with folder_lock(cache) as held:
             if held:
                 recover(tag)  # what a run killed while tagging left: no live run's, under this lock
-            if _own_tag(cache):
+            if own_tag(cache):
                 return
-            # Without the lock (see _folder_lock), another build tagging it this moment leaves only its staged tag.
+            # Without the lock (see folder_lock), another build tagging it this moment leaves only its staged tag.
             found = sorted(p.name for p in cache.iterdir() if not p.name.startswith(CACHEDIR_TAG + "."))
             if found and found != [CACHEDIR_TAG]:
                 raise OverlayError(
@@ -278,7 +368,7 @@ def claim(cache: pathlib.Path) -> None:
             if found:  # a tag, but not the tool's text: another program's cache
                 raise OverlayError(f"the cache folder {cache} (MRL_CACHE_DIR) carries a {CACHEDIR_TAG} that is not maxtext-rl-overlay's: "
                                    "set MRL_CACHE_DIR to an absent or empty folder (or unset it for the default).")
-            write_atomically(tag, _TAG_TEXT)
+            write_atomically(tag, TAG_TEXT)
 
 
 def _staged_tags(cache: pathlib.Path) -> list[str]:
@@ -287,7 +377,7 @@ def _staged_tags(cache: pathlib.Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def _folder_lock(folder: pathlib.Path) -> Iterator[bool]:
+def folder_lock(folder: pathlib.Path) -> Iterator[bool]:
     """An exclusive flock of the folder itself for the block (True): how
     builds take turns tagging the cache, and clear a staged tag a killed
     one left. False where the filesystem cannot lock a folder (NFS): the
@@ -316,7 +406,7 @@ def using(cache: pathlib.Path) -> Iterator[None]:
     `clean`. The folder is claimed first (see claim)."""
     claim(cache)
     try:
-        hold = _flock(cache / LOCKS / _ROOT_LOCK, who="cache", what="the cache", shared=True, wait=False)
+        hold = _flock(cache / LOCKS / ROOT_LOCK, who="cache", what="the cache", shared=True, wait=False)
         hold.__enter__()
     except BlockingIOError:
         raise OverlayError(f"the cache {cache} is being cleaned (maxtext-rl-overlay clean); build again when that has finished.") from None
@@ -342,14 +432,14 @@ def clean(cache: pathlib.Path) -> Cleaned:
     cache: it may be reading any entry."""
     if not cache.is_dir() or not any(cache.iterdir()):
         return Cleaned(cache, (), 0)
-    if not _own_tag(cache):
+    if not own_tag(cache):
         raise OverlayError(
             f"{cache} (MRL_CACHE_DIR) does not carry maxtext-rl-overlay's {CACHEDIR_TAG}: it is not a cache this tool made, "
             "so clean removes nothing from it. Check MRL_CACHE_DIR."
         )
     removed, left, freed = [], [], 0
     try:
-        with _flock(cache / LOCKS / _ROOT_LOCK, who="cache", what="the cache", wait=False):
+        with _flock(cache / LOCKS / ROOT_LOCK, who="cache", what="the cache", wait=False):
             for item in sorted(cache.iterdir()):
                 if item.name in (CACHEDIR_TAG, LOCKS):
                     continue

@@ -1,7 +1,7 @@
 """The files the overlay's own wheel is made of, and the project commit they are.
 
 One list, read by the build (the wheel is made of these files) and by the
-constraints header's digest of its inputs (publish.input_digests), so the
+constraints header's digest of its inputs (inputdigests.input_digests), so the
 two can never disagree on what the wheel holds."""
 
 from __future__ import annotations

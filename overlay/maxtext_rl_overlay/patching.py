@@ -11,7 +11,6 @@ tree only the exact hunks (no fuzz) can be checked, and the result says so.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -28,7 +27,7 @@ from .pins import Pin
 from .proc import output_tail
 from .progress import step
 from .sources import Source
-from .staging import NoSpace, staged_dir
+from .staging import staged_dir
 
 #: The two ways of applying a series; they must give the same answers.
 Engine = Literal["git", "patch-ng"]
@@ -64,7 +63,7 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine
     if cache is None or inputs is None:
         return _apply(pin, source, dest, patches, engine)
     # Under the entry's lock: a concurrent build of the same tree waits, then reuses it.
-    with buildcache.locked(_entry(cache, pin, inputs), who=pin.distribution):
+    with _entry(cache, pin, inputs).locked():
         kept = _kept_tree(cache, pin, inputs, dest)
         if kept is not None:
             return kept
@@ -105,10 +104,6 @@ def _record(patch: PatchFile, blobs_checked: bool) -> PatchRecord:
                        sha256_file(patch.path), patchfile.patch_id(patch.path) if shutil.which("git") else None)
 
 
-class _DamagedEntry(Exception):
-    """A kept tree that is not the tree its record names: its copy is discarded."""
-
-
 def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
     return {
         "format": PATCHED_CACHE_FORMAT,
@@ -122,51 +117,41 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
     }
 
 
-def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> pathlib.Path:
-    return cache / "patched" / f"{pin.distribution}-{buildcache.key(inputs)}"
+def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> buildcache.Entry:
+    key = buildcache.key(inputs)
+    return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, who=pin.distribution, result="patched tree",
+                            afresh="patching afresh")
 
 
 def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[PatchRecord] | None:
     """The series' outcome, with the patched tree copied to `dest`, when a
     whole one is kept for these inputs (its git tree id checked); else None."""
-    key = buildcache.key(inputs)
     entry = _entry(cache, pin, inputs)
-    try:
-        record = json.loads((entry / "record.json").read_text())
+
+    def check(record: dict[str, Any]) -> tuple[list[PatchRecord], str]:
         applied = [PatchRecord.from_plain(p) for p in record["applied"]]
-        whole = record["key"] == key and (entry / "tree").is_dir()
-    except FileNotFoundError:
+        if not (entry.path / "tree").is_dir():
+            raise buildcache.Damaged
+        # The copy is checked, not the kept tree: what `dest` holds is what the id says.
+        with staged_dir(dest) as work:
+            shutil.copytree(entry.path / "tree", work, symlinks=True, dirs_exist_ok=True)
+            if gittree.tree_id(work) != record["tree"]:
+                raise buildcache.Damaged
+        return applied, record["tree"]
+
+    kept = entry.reuse(check)
+    if kept is None:
         return None
-    except (OSError, ValueError, KeyError, TypeError):
-        whole = False
-    if whole:
-        try:
-            with staged_dir(dest) as work:
-                shutil.copytree(entry / "tree", work, symlinks=True, dirs_exist_ok=True)
-                if gittree.tree_id(work) != record["tree"]:
-                    raise _DamagedEntry
-        except _DamagedEntry:
-            whole = False
-    if not whole:
-        step.note(pin.distribution, f"ignoring a damaged kept patched tree {key[:12]}: patching afresh")
-        shutil.rmtree(entry, ignore_errors=True)
-        return None
+    applied, tree = kept
     step.note(pin.distribution, f"source {inputs['source'][:12]} and series unchanged: reusing the patched tree "
-                                f"{record['tree'][:12]} ({len(applied)} patch(es) applied when it was kept as {key[:12]})")
+                                f"{tree[:12]} ({len(applied)} patch(es) applied when it was kept as {entry.key[:12]})")
     return applied
 
 
 def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: pathlib.Path, applied: list[PatchRecord]) -> None:
-    key = buildcache.key(inputs)
-    entry = _entry(cache, pin, inputs)
-    shutil.rmtree(entry, ignore_errors=True)
-    record = {"key": key, "tree": gittree.tree_id(tree), "inputs": inputs, "applied": [dataclasses.asdict(a) for a in applied]}
-    try:
-        with staged_dir(entry) as staged:
-            shutil.copytree(tree, staged / "tree", symlinks=True)
-            (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    except (OSError, NoSpace) as exc:  # the cache is full or read-only: the result stands
-        step.note(pin.distribution, f"the patched tree was not kept for reuse ({exc})")
+    """Keep the patched `tree` for these inputs (a full or read-only cache: said, and the build goes on)."""
+    record = {"tree": gittree.tree_id(tree), "inputs": inputs, "applied": [dataclasses.asdict(a) for a in applied]}
+    _entry(cache, pin, inputs).store(record, lambda staged: shutil.copytree(tree, staged / "tree", symlinks=True))
 
 
 def _blob_of(work: pathlib.Path, relpath: str) -> str:

@@ -20,12 +20,12 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import options, proc, publish, tables
+from . import indexpages, options, proc, tables
 from .errors import OverlayError
+from .indexpages import STANDIN_OVERRIDES
 from .options import refuse_unknown
 from .pins import load_project
 from .progress import step
-from .publish import STANDIN_OVERRIDES
 
 #: Where the suite runs: "cpu" simulates the 8 chips of a TPU v6e-8, "tpu" is one.
 Platform = Literal["cpu", "tpu"]
@@ -272,7 +272,7 @@ def run(project_root: pathlib.Path, wheels: pathlib.Path, work: pathlib.Path, *,
     constraints = wheels / "constraints.txt"
     if not constraints.is_file():
         raise OverlayError(f"{wheels} has no constraints.txt: give --wheels the index folder scripts/build-wheels.sh made.")
-    constraints = publish.local_view(wheels, work / "index")  # these wheels, even if built for a --base-url
+    constraints = indexpages.local_view(wheels, work / "index")  # these wheels, even if built for a --base-url
     results: list[CellResult] = []
     for cell in matrix.cells:
         results += _run_cell(project_root, constraints, work / cell.name, cell, matrix, platform=platform, quick=quick, keep=keep)

@@ -8,7 +8,6 @@ pinned build backends (resources/build-constraints.txt)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import pathlib
 import shutil
@@ -26,7 +25,7 @@ from .digest import sha256_file
 from .errors import OverlayError
 from .proc import run
 from .progress import step
-from .staging import NoSpace, scratch_dir, staged_dir
+from .staging import scratch_dir
 
 #: Bumped when what a kept wheel's record says changes.
 WHEEL_CACHE_FORMAT = 1
@@ -106,14 +105,14 @@ def build_wheel(tree: pathlib.Path, out_dir: pathlib.Path, *, who: str, env: dic
         raise OverlayError("uv is not installed; install it (pip install uv) to build wheels.")
     if cache is None:
         return _build(uv, tree, out_dir, who=who, env=env, epoch=epoch, python=python, build_env=build_env)
-    inputs = _wheel_inputs(tree, env, epoch, python, build_env)
+    inputs = wheel_inputs(tree, env, epoch, python, build_env)
     # Under the entry's lock: a concurrent build of the same wheel waits, then reuses it.
-    with buildcache.locked(cache / "wheels" / buildcache.key(inputs), who=who):
-        kept = _kept_wheel(cache, inputs, out_dir, who)
+    with _entry(cache, inputs, who).locked():
+        kept = kept_wheel(cache, inputs, out_dir, who)
         if kept is not None:
             return kept
         dest = _build(uv, tree, out_dir, who=who, env=env, epoch=epoch, python=python, build_env=build_env)
-        _keep_wheel(cache, inputs, dest, who)
+        keep_wheel(cache, inputs, dest, who)
     return dest
 
 
@@ -167,7 +166,7 @@ def check_licences(tree: pathlib.Path, wheel: pathlib.Path, who: str) -> None:
                            f"of its source; its build must ship them (license-files) before the wheel can be published.")
 
 
-def _wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: str, build_env: BuildEnv | None) -> dict[str, Any]:
+def wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: str, build_env: BuildEnv | None) -> dict[str, Any]:
     """Everything a wheel's bytes depend on. The tree by its git tree id (so,
     after our edits to it); a build environment by its cache key (the hash of
     what it holds), its torch and CUDA, and the compilers the build finds
@@ -188,38 +187,33 @@ def _wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: s
     }
 
 
-def _kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Path, who: str) -> pathlib.Path | None:
+def _entry(cache: pathlib.Path, inputs: dict[str, Any], who: str) -> buildcache.Entry:
+    key = buildcache.key(inputs)
+    return buildcache.Entry(cache / "wheels" / key, key, who=who, result="wheel", afresh="building afresh")
+
+
+def kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Path, who: str) -> pathlib.Path | None:
     """A copy in `out_dir` of the wheel kept for these inputs, if there is a
     whole one (its record names it and its sha256 matches); else None."""
-    key = buildcache.key(inputs)
-    entry = cache / "wheels" / key
-    try:
-        record = json.loads((entry / "record.json").read_text())
-        wheel = entry / str(record["wheel"])
-        whole = record["key"] == key and wheel.parent == entry and sha256_file(wheel) == record["sha256"]
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        whole = False
-    if not whole:
-        step.note(who, f"ignoring a damaged kept wheel {key[:12]}: building afresh")
-        shutil.rmtree(entry, ignore_errors=True)
+    entry = _entry(cache, inputs, who)
+
+    def check(record: dict[str, Any]) -> pathlib.Path:
+        wheel = entry.path / str(record["wheel"])
+        if wheel.parent != entry.path or sha256_file(wheel) != record["sha256"]:
+            raise buildcache.Damaged
+        return wheel
+
+    wheel = entry.reuse(check)
+    if wheel is None:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     dest = out_dir / wheel.name
     shutil.copyfile(wheel, dest)
-    step.note(who, f"tree {inputs['tree'][:12]} and its build settings unchanged: reusing the wheel {wheel.name} (kept as {key[:12]})")
+    step.note(who, f"tree {inputs['tree'][:12]} and its build settings unchanged: reusing the wheel {wheel.name} (kept as {entry.key[:12]})")
     return dest
 
 
-def _keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path, who: str) -> None:
-    key = buildcache.key(inputs)
-    entry = cache / "wheels" / key
-    shutil.rmtree(entry, ignore_errors=True)
-    try:
-        with staged_dir(entry) as staged:
-            shutil.copyfile(wheel, staged / wheel.name)
-            record = {"key": key, "wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs}
-            (staged / "record.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    except (OSError, NoSpace) as exc:  # the cache is full or read-only: the build itself stands
-        step.note(who, f"the wheel was not kept for reuse ({exc})")
+def keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path, who: str) -> None:
+    """Keep `wheel` for these inputs (a full or read-only cache: said, and the build goes on)."""
+    _entry(cache, inputs, who).store({"wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs},
+                                     lambda staged: shutil.copyfile(wheel, staged / wheel.name))

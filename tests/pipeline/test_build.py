@@ -17,7 +17,7 @@ import zipfile
 
 import pytest
 
-from maxtext_rl_overlay import patchfile, publish
+from maxtext_rl_overlay import inputdigests, patchfile
 from support.pipeline import (
     ALL,
     PROJECT,
@@ -72,10 +72,10 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
                      r"--only google-tunix,tpu-inference,vllm --unpinned --torch-standin --out \.\.\./dist --constraints \.\.\./constraints\.txt\n"
                      r"#   google-tunix: --source google_tunix-0\.1\.7\.tar\.gz, tree [0-9a-f]{40} \(NOT the pin\)\n", constraints), constraints[:3000]
     assert re.search(r"\n#   with uv \d+\.\d+\.\d+.*, the tool's code sha256 [0-9a-f]{64}\n"
-                     rf"# {re.escape(publish.INPUTS_TITLE)}\n#   maxtext-rl-overlay: [0-9a-f]{{64}} \(", constraints)
+                     rf"# {re.escape(inputdigests.INPUTS_TITLE)}\n#   maxtext-rl-overlay: [0-9a-f]{{64}} \(", constraints)
     # What it was made from, as tests/unit recomputes it from the checkout: the same digests, in both copies.
-    assert publish.recorded_inputs(constraints) == publish.input_digests(PROJECT, PROJECT.pins)
-    assert publish.stale_constraints(constraints, PROJECT) == "" and publish.stale_constraints((out / "constraints.txt").read_text(), PROJECT) == ""
+    assert inputdigests.recorded_inputs(constraints) == inputdigests.input_digests(PROJECT, PROJECT.pins)
+    assert inputdigests.stale_constraints(constraints, PROJECT) == "" and inputdigests.stale_constraints((out / "constraints.txt").read_text(), PROJECT) == ""
     assert "\n# Needs uv >= 0.5.3: " in constraints and "\n    # via maxtext-rl-overlay\n" in constraints
     assert re.search(rf"\nmaxtext-rl-overlay==0\.1\.0\+{PROJECT.local_label}\.[0-9a-f]{{12}} \\\n", constraints)
     assert "--find-links ./dist\n" in constraints

@@ -21,7 +21,7 @@ import zipfile
 
 import pytest
 
-from maxtext_rl_overlay import publish
+from maxtext_rl_overlay import indexpages
 from support.pipeline import ALL, ROOT, build_standins
 
 pytestmark = pytest.mark.slow
@@ -209,7 +209,7 @@ def test_base_url_names_the_index_so_a_copy_of_constraints_works_anywhere(tmp_pa
     ok = _verify(venv, "--no-imports")
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
-    local = publish.local_view(out, tmp_path / "local")
+    local = indexpages.local_view(out, tmp_path / "local")
     assert local != out / "constraints.txt" and "--find-links .\n" in local.read_text()
     dry = subprocess.run(["uv", "pip", "install", "--dry-run", "-p", str(venv / "bin" / "python"), "--reinstall",
                           "-c", str(local), "maxtext-rl-overlay"], capture_output=True, text=True, env=ENV)

@@ -83,7 +83,7 @@ def test_clean_empties_the_cache_but_not_under_a_running_build(tmp_path):
     assert "buildenv, sources, wheels" in done.stdout
     assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG", "locks"]
     # A build that starts while clean holds the cache is refused, not let in.
-    with buildcache._flock(cache / buildcache.LOCKS / buildcache._ROOT_LOCK, who="clean", what="the cache"):
+    with buildcache.flock(cache / buildcache.LOCKS / buildcache.ROOT_LOCK, who="clean", what="the cache"):
         with pytest.raises(OverlayError, match="being cleaned"), buildcache.using(cache):
             pass
 
@@ -225,7 +225,7 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
     compiles again, as a cold one would; a pure-Python wheel's key is not."""
     from maxtext_rl_overlay import wheels
 
-    monkeypatch.setattr(buildcache, "_uv_version", lambda: "uv 0.0.0 (fake)")
+    monkeypatch.setattr(buildcache, "uv_version", lambda: "uv 0.0.0 (fake)")
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "setup.py").write_text("")
@@ -236,14 +236,14 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
         for name in ("cc", "c++", "gcc-13"):
             (bin_dir / name).write_text(f"#!/bin/sh\necho '{name} (fake) {version}'\n")
             (bin_dir / name).chmod(0o755)
-        buildcache._compiler.cache_clear()  # a new run of the tool
+        buildcache.compiler_version.cache_clear()  # a new run of the tool
 
     build_env = buildenv.BuildEnv(tmp_path / "buildenv" / "k", pathlib.Path(sys.executable), {"PATH": str(bin_dir)}, "2.11.0", "")
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
 
     def key(with_env: buildenv.BuildEnv | None = build_env) -> str:
-        return buildcache.key(wheels._wheel_inputs(tree, {}, "0", sys.executable, with_env))
+        return buildcache.key(wheels.wheel_inputs(tree, {}, "0", sys.executable, with_env))
 
     compilers("12.2.0")
     before, pure = key(), key(None)
@@ -254,3 +254,32 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
     upgraded = key()
     monkeypatch.setenv("CC", "gcc-13")
     assert key() != upgraded, "CC names the compiler the build uses"
+
+
+# -- a kept result (buildcache.Entry): the wheels, the patched trees, the resolutions --
+
+@pytest.mark.parametrize("damage", ["wheel bytes", "wheel gone", "record", "another key's"])
+def test_a_damaged_kept_wheel_is_said_removed_and_built_afresh(tmp_path, capsys, damage):
+    from maxtext_rl_overlay import wheels
+
+    cache, inputs = tmp_path / "cache", {"tree": "a" * 40}
+    wheel = tmp_path / "x-1.0-py3-none-any.whl"
+    wheel.write_bytes(b"the wheel")
+    assert wheels.kept_wheel(cache, inputs, tmp_path / "out", "x") is None
+    assert capsys.readouterr().err == "", "no entry: nothing to say"
+    wheels.keep_wheel(cache, inputs, wheel, "x")
+    assert wheels.kept_wheel(cache, inputs, tmp_path / "out", "x").read_bytes() == b"the wheel"
+    (entry,) = (cache / "wheels").iterdir()
+    record = entry / "record.json"
+    if damage == "wheel bytes":
+        (entry / wheel.name).write_bytes(b"another wheel")
+    elif damage == "wheel gone":
+        (entry / wheel.name).unlink()
+    elif damage == "record":
+        record.write_text(record.read_text()[:20])
+    else:
+        record.write_text(record.read_text().replace(entry.name, "0" * 64))
+    capsys.readouterr()
+    assert wheels.kept_wheel(cache, inputs, tmp_path / "again", "x") is None
+    assert f"[x] ignoring a damaged kept wheel {entry.name[:12]}: building afresh" in capsys.readouterr().err
+    assert not entry.exists(), "removed: the build keeps its new wheel there"

@@ -1,4 +1,4 @@
-"""The warm-rebuild caches: the closure resolution (publish.resolve_closure)
+"""The warm-rebuild caches: the closure resolution (closures.resolve)
 keyed by its inputs, and the MaxText release looked up once and then reused
 by its recorded sha256 (registry.release_wheel). No network, no build: `uv`
 is a fake that counts its resolutions, the index is a function."""
@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from maxtext_rl_overlay import publish, registry
+from maxtext_rl_overlay import closures, indexpages, registry
 from maxtext_rl_overlay.environment import Environment, Torch
 from maxtext_rl_overlay.errors import OverlayError
 from unit.unit_support import fake_wheel, installable_wheel, uv_offline_env
@@ -58,7 +58,7 @@ def resolver(tmp_path, monkeypatch):
     index.mkdir()
     fake_wheel(index, "maxtext-rl-overlay", "0.1.0")
     fake_wheel(index, "google-tunix", "0.1.7+mrl")
-    publish.write_index(index)
+    indexpages.write_index(index)
     runs = lambda: len(log.read_text().splitlines()) if log.exists() else 0  # noqa: E731
     return index, tmp_path / "cache", runs
 
@@ -70,7 +70,7 @@ def _env(constraints=("jax==0.8.0",)) -> Environment:
 
 
 def _resolve(index, cache, env=None, requirement="maxtext-rl-overlay[maxtext]==0.1.0"):
-    return publish.resolve_closure(index, requirement, "python3", env or _env(), cache=cache)
+    return closures.resolve(index, requirement, "python3", env or _env(), cache=cache)
 
 
 def test_same_inputs_reuse_the_resolution(resolver, capsys):
@@ -140,7 +140,7 @@ def test_the_torch_check_runs_on_a_cached_answer(resolver):
     (entry,) = (cache / "closures").iterdir()
     data = json.loads(entry.read_text())
     data["closure"] = CLOSURE.replace("torch==2.11.0", "torch==2.10.0")
-    data["sha256"] = publish._sha(data["closure"])  # a whole entry, with a wrong answer
+    data["sha256"] = closures.closure_sha256(data["closure"])  # a whole entry, with a wrong answer
     entry.write_text(json.dumps(data))
     with pytest.raises(OverlayError, match="the closure pins torch 2.10.0, not 2.11.0"):
         _resolve(index, cache)
@@ -174,6 +174,18 @@ def test_a_failed_resolution_is_not_cached(resolver):
     assert not (cache / "closures").exists() or not list((cache / "closures").iterdir())
 
 
+def test_a_resolution_the_cache_cannot_take_is_said_and_used(resolver, capsys):
+    """As for a wheel or a patched tree (buildcache.Entry): a cache that
+    cannot take the entry costs only its reuse."""
+    index, cache, runs = resolver
+    cache.mkdir()
+    (cache / "closures").write_text("a file where the entries' folder would be")
+    assert _resolve(index, cache) == CLOSURE
+    assert "[constraints] the resolution was not kept for reuse (" in capsys.readouterr().err
+    assert _resolve(index, cache) == CLOSURE
+    assert runs() == 2
+
+
 
 def test_the_resolution_names_its_inputs_by_file_name_wherever_the_tool_runs(tmp_path, monkeypatch):
     """uv names an input file by its path relative to the folder it runs
@@ -190,7 +202,7 @@ def test_the_resolution_names_its_inputs_by_file_name_wherever_the_tool_runs(tmp
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.chdir(temp)
-    closure = publish._compile(index, "maxtext-rl-overlay", sys.executable, _env(), {})
+    closure = closures.uv_compile(index, "maxtext-rl-overlay", sys.executable, _env(), {})
     assert "#   -c maxtext-and-torch-constraints.txt\n" in closure, closure
     assert "mrl-resolve-" not in closure, closure
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 from packaging.version import Version
 
-from maxtext_rl_overlay import publish
+from maxtext_rl_overlay import closures, constraintsfile, inputdigests
 from maxtext_rl_overlay.environment import Environment, Torch
 from maxtext_rl_overlay.pins import load_project
 from unit.unit_support import UV, installable_wheel, uv_offline_env
@@ -23,9 +23,9 @@ from unit.unit_support import UV, installable_wheel, uv_offline_env
 
 def test_this_uv_refuses_a_wheel_whose_hash_the_constraints_contradict(tmp_path):
     """What the header's `Needs uv >= X` promises, with the uv the tool runs
-    (that older ones do not is measured once: publish.UV_CHECKS_CONSTRAINT_HASHES)."""
+    (that older ones do not is measured once: constraintsfile.UV_CHECKS_CONSTRAINT_HASHES)."""
     version = subprocess.run([UV, "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
-    assert Version(version) >= Version(publish.UV_CHECKS_CONSTRAINT_HASHES)
+    assert Version(version) >= Version(constraintsfile.UV_CHECKS_CONSTRAINT_HASHES)
     links = tmp_path / "links"
     links.mkdir()
     wheel = installable_wheel(links, "mrl-probe", "1.0")
@@ -70,14 +70,14 @@ def test_a_fresh_resolution_keeps_the_committed_versions(index, tmp_path, capsys
     idx, links = index
     env = _env((str(links),))
     requirement = "maxtext-rl-overlay==0.1.0+mrl.2.abc"
-    fresh = publish.resolve_closure(idx, requirement, sys.executable, env, cache=tmp_path / "cache1")
+    fresh = closures.resolve(idx, requirement, sys.executable, env, cache=tmp_path / "cache1")
     assert "\nmrl-probe==1.1 " in fresh, "without preferences: the newest"
     assert re.search(r"\nmrl-probe==1\.1 \\\n(    --hash=\S+\n)+    # via maxtext-rl-overlay\n", fresh), fresh
     assert "#   -c maxtext-and-torch-constraints.txt\n" in fresh and "mrl-resolve-" not in fresh, "annotations name no temporary path"
     committed = tmp_path / "constraints.txt"
     committed.write_text("# a committed file\n--find-links ./dist\nmaxtext-rl-overlay==0.1.0+mrl.1.old \\\n    --hash=sha256:" + "0" * 64
                          + "\nmrl-probe==1.0 \\\n    --hash=sha256:" + "1" * 64 + "\nsix==1.0\ntorch==2.11.0\n")
-    kept = publish.resolve_closure(idx, requirement, sys.executable, env, cache=tmp_path / "cache2", preferences=committed)
+    kept = closures.resolve(idx, requirement, sys.executable, env, cache=tmp_path / "cache2", preferences=committed)
     assert "\nmrl-probe==1.0 " in kept and kept.startswith("maxtext-rl-overlay==0.1.0+mrl.2.abc ")
     err = capsys.readouterr().err
     # The overlay's own line is not a preference: the index has its new build.
@@ -88,9 +88,9 @@ def test_a_fresh_resolution_keeps_the_committed_versions(index, tmp_path, capsys
 def test_header_says_how_it_was_made_and_ours_keep_their_annotations():
     closure = ("google-tunix==0.1.7+mrl.2 \\\n    --hash=sha256:" + "9" * 64 + "\n    # via maxtext-rl-overlay\n"
                "jax==0.11.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via\n    #   flax\n    #   maxtext\n")
-    text = publish.constraints_text(closure, {"google_tunix-0.1.7+mrl.2-py3-none-any.whl": "b" * 64}, "./dist", notes=["a note."],
-                                    env=_env(()), made_by=("Made by: maxtext-rl-overlay build --unpinned", "  with uv 0.13.9"))
-    assert f"# Needs uv >= {publish.UV_CHECKS_CONSTRAINT_HASHES}: " in text
+    text = constraintsfile.constraints_text(closure, {"google_tunix-0.1.7+mrl.2-py3-none-any.whl": "b" * 64}, "./dist", notes=["a note."],
+                                            env=_env(()), made_by=("Made by: maxtext-rl-overlay build --unpinned", "  with uv 0.13.9"))
+    assert f"# Needs uv >= {constraintsfile.UV_CHECKS_CONSTRAINT_HASHES}: " in text
     assert "\n# Made by: maxtext-rl-overlay build --unpinned\n#   with uv 0.13.9\n" in text
     assert "\ngoogle-tunix==0.1.7+mrl.2 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via maxtext-rl-overlay\n" in text
     assert text.endswith("    # via\n    #   flax\n    #   maxtext\n")
@@ -106,7 +106,7 @@ MADE_BY = ("Made by: maxtext-rl-overlay build --source google-tunix=PATH --sourc
 
 
 def _header(inputs: dict[str, str] | None, made_by: tuple[str, ...] = MADE_BY) -> str:
-    return publish.constraints_text("", {}, "./dist", notes=[], env=_env(()), made_by=made_by, inputs=inputs)
+    return constraintsfile.constraints_text("", {}, "./dist", notes=[], env=_env(()), made_by=made_by, inputs=inputs)
 
 
 @pytest.fixture
@@ -133,13 +133,13 @@ def test_the_header_records_the_digest_of_each_input():
     inputs = {"maxtext-rl-overlay": "a" * 64, "google-tunix": "b" * 64, "vllm": "c" * 64}
     text = _header(inputs)
     assert ("\n#   with uv 0.13.9 (x86_64-unknown-linux-gnu), the tool's code sha256 " + "4" * 64 + "\n"
-            f"# {publish.INPUTS_TITLE}\n"
+            f"# {inputdigests.INPUTS_TITLE}\n"
             "#   maxtext-rl-overlay: " + "a" * 64 + " (its own wheel: README.md, LICENSE, pyproject.toml, overlay/)\n"
             "#   google-tunix: " + "b" * 64 + " (patches/google-tunix/: pin.toml, series, patches, build-requirements.txt if any)\n"
             "#   vllm: " + "c" * 64 + " (patches/vllm/: pin.toml, series, patches, build-requirements.txt if any)\n"
             "--find-links ./dist\n") in text
-    assert publish.recorded_inputs(text) == inputs
-    assert publish.recorded_inputs(_header(None)) == {} and publish.INPUTS_TITLE not in _header(None)
+    assert inputdigests.recorded_inputs(text) == inputs
+    assert inputdigests.recorded_inputs(_header(None)) == {} and inputdigests.INPUTS_TITLE not in _header(None)
 
 
 def test_the_digests_are_the_checkouts_wherever_it_is_and_each_names_its_part(checkout):
@@ -147,12 +147,12 @@ def test_the_digests_are_the_checkouts_wherever_it_is_and_each_names_its_part(ch
     checkout holds besides them (caches, build metadata, the manifest,
     constraints.txt itself); a change to any input changes its part alone."""
     here, there = load_project(ROOT), load_project(checkout)
-    before = publish.input_digests(there, there.pins)
-    assert before == publish.input_digests(here, here.pins)
+    before = inputdigests.input_digests(there, there.pins)
+    assert before == inputdigests.input_digests(here, here.pins)
     assert list(before) == ["maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm"]
-    assert list(publish.input_digests(there, ["vllm"])) == ["maxtext-rl-overlay", "vllm"]
+    assert list(inputdigests.input_digests(there, ["vllm"])) == ["maxtext-rl-overlay", "vllm"]
     (checkout / "constraints.txt").write_text("anything\n")
-    assert publish.input_digests(there, there.pins) == before, "constraints.txt is not an input of itself"
+    assert inputdigests.input_digests(there, there.pins) == before, "constraints.txt is not an input of itself"
     tpu = there.pins["tpu-inference"]
     for path, part in ((checkout / "README.md", "maxtext-rl-overlay"),  # the wheel's long description
                        (checkout / "LICENSE", "maxtext-rl-overlay"),
@@ -162,31 +162,31 @@ def test_the_digests_are_the_checkouts_wherever_it_is_and_each_names_its_part(ch
                        (checkout / "patches" / "vllm" / "build-requirements.txt", "vllm")):
         saved = path.read_bytes()
         path.write_bytes(saved + b"\n")
-        after = publish.input_digests(load_project(checkout), there.pins)
+        after = inputdigests.input_digests(load_project(checkout), there.pins)
         assert [p for p in before if after[p] != before[p]] == [part], path
         path.write_bytes(saved)
     (checkout / "overlay" / "maxtext_rl_overlay" / "new_module.py").write_text("")
-    assert publish.input_digests(there, there.pins)["maxtext-rl-overlay"] != before["maxtext-rl-overlay"], "a new file is an input"
+    assert inputdigests.input_digests(there, there.pins)["maxtext-rl-overlay"] != before["maxtext-rl-overlay"], "a new file is an input"
 
 
 def test_a_stale_constraints_file_names_what_changed_and_the_command_that_makes_it_again(checkout):
     project = load_project(checkout)
-    now = publish.input_digests(project, project.pins)
-    assert publish.stale_constraints(_header(now), project) == ""
+    now = inputdigests.input_digests(project, project.pins)
+    assert inputdigests.stale_constraints(_header(now), project) == ""
     command = ("  scripts/build-wheels.sh --source google-tunix=PATH --source vllm=PATH --unpinned\n"
                "    google-tunix: --source a git repository, commit " + "1" * 40 + ", tree " + "2" * 40 + "\n"
                "    vllm: --source vllm-0.25.0.tar.gz, tree " + "3" * 40 + " (NOT the pin)")
     readme = checkout / "README.md"
     readme.write_text(readme.read_text() + "\nOne more line.\n")
-    said = publish.stale_constraints(_header(now), project)
+    said = inputdigests.stale_constraints(_header(now), project)
     assert said == "constraints.txt is stale: maxtext-rl-overlay changed since it was made. Make it again, from the checkout, as it was made:\n" + command
-    fresh = publish.input_digests(project, project.pins)
-    assert publish.stale_constraints(_header(fresh), project) == ""
+    fresh = inputdigests.input_digests(project, project.pins)
+    assert inputdigests.stale_constraints(_header(fresh), project) == ""
     only = {k: v for k, v in fresh.items() if k != "vllm"}  # a build --only leaves a pin out
-    assert publish.stale_constraints(_header(only), project).startswith("constraints.txt is stale: vllm is not among its inputs. ")
+    assert inputdigests.stale_constraints(_header(only), project).startswith("constraints.txt is stale: vllm is not among its inputs. ")
     # Made before the header recorded its inputs (the committed file until it is regenerated):
-    assert publish.stale_constraints(_header(None), project) == (
+    assert inputdigests.stale_constraints(_header(None), project) == (
         "constraints.txt is stale: its header records no digest of its inputs (it was made by an older tool). "
         "Make it again, from the checkout, as it was made:\n" + command)
-    assert publish.stale_constraints(_header(None, made_by=()), project).endswith(
+    assert inputdigests.stale_constraints(_header(None, made_by=()), project).endswith(
         "\n  scripts/build-wheels.sh  (its header does not say how it was made: give the sources and flags it needs)")

@@ -132,10 +132,10 @@ def test_a_tag_killed_mid_write_is_cleared_by_the_next_run(tmp_path, capsys, tag
     left = _staged(cache, buildcache.CACHEDIR_TAG)
     assert sorted(p.name for p in cache.iterdir()) == left and len(left) == 1
     if tagged:  # a build tagged it since, or one killed tagging it alongside another
-        (cache / buildcache.CACHEDIR_TAG).write_text(buildcache._TAG_TEXT)
+        (cache / buildcache.CACHEDIR_TAG).write_text(buildcache.TAG_TEXT)
     buildcache.claim(cache)
     assert [p.name for p in cache.iterdir()] == [buildcache.CACHEDIR_TAG]
-    assert buildcache._own_tag(cache)
+    assert buildcache.own_tag(cache)
     assert f"{CLEARED} {cache / buildcache.CACHEDIR_TAG}: {left[0]}" in capsys.readouterr().err
     buildcache.claim(cache)
     assert capsys.readouterr().err == ""
@@ -147,7 +147,7 @@ def test_a_staged_tag_of_a_live_run_is_left_to_it(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     staged = cache / f"{buildcache.CACHEDIR_TAG}.0badcafe"
-    with buildcache._folder_lock(cache) as held:
+    with buildcache.folder_lock(cache) as held:
         assert held
         staged.write_text("being written")
         other = threading.Thread(target=buildcache.claim, args=(cache,))
@@ -155,7 +155,7 @@ def test_a_staged_tag_of_a_live_run_is_left_to_it(tmp_path):
         time.sleep(0.3)
         assert other.is_alive() and staged.exists()
         staged.unlink()  # the live run's rename
-        (cache / buildcache.CACHEDIR_TAG).write_text(buildcache._TAG_TEXT)
+        (cache / buildcache.CACHEDIR_TAG).write_text(buildcache.TAG_TEXT)
     other.join(10)
     assert not other.is_alive()
     assert [p.name for p in cache.iterdir()] == [buildcache.CACHEDIR_TAG]

@@ -20,14 +20,14 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import publish, staging
+from maxtext_rl_overlay import constraintsfile, indexpages, staging
 from maxtext_rl_overlay.errors import OverlayError
 from unit.unit_support import project_copy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Where the build's first network step (MaxText's file list) fails at once.
 THE_INDEX_FAILS = "cannot read the file list of maxtext"
-#: The file in every index the tool makes (publish.INDEX_MARKER), as a user sees it.
+#: The file in every index the tool makes (indexpages.INDEX_MARKER), as a user sees it.
 MARKER = ".maxtext-rl-overlay-index"
 
 
@@ -105,7 +105,7 @@ def test_an_out_that_is_the_tools_is_let_through(project, tmp_path, case):
 def test_every_index_carries_the_marker_and_only_a_marked_folder_is_replaced(tmp_path):
     dest = tmp_path / "dist"
     with staging.staged_dir(dest, replace=MARKER) as new:
-        publish.write_index(new)
+        indexpages.write_index(new)
     assert (dest / MARKER).is_file()
     with staging.staged_dir(dest, replace=MARKER) as new:  # the tool's own: replaced
         (new / "new").write_text("")
@@ -116,7 +116,7 @@ def test_every_index_carries_the_marker_and_only_a_marked_folder_is_replaced(tmp
             (new / "newer").write_text("")
     assert sorted(p.name for p in dest.iterdir()) == ["new", "notes.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["dist"], "the staging folder is removed"
-    assert publish.INDEX_MARKER == MARKER
+    assert indexpages.INDEX_MARKER == MARKER
 
 
 def test_constraints_inside_out_is_refused(project, tmp_path):
@@ -212,7 +212,7 @@ def test_a_constraints_that_is_not_the_tools_is_refused_and_left_whole(project, 
     done = _build(project, "--out", str(tmp_path / "dist"), "--constraints", str(target), env=_env(tmp_path))
     assert done.returncode == cli.ExitCode.ERROR, done.stderr
     assert _error(done).endswith(f"error: --constraints {target} is not a constraints file the tool wrote (it lacks the first line "
-                                 f"{publish.CONSTRAINTS_HEADER!r}): it is not replaced, since what it holds would be lost. Name an absent "
+                                 f"{constraintsfile.CONSTRAINTS_HEADER!r}): it is not replaced, since what it holds would be lost. Name an absent "
                                  "or empty file, or a constraints file an earlier run wrote; if this one is, remove it by hand.")
     assert target.read_bytes() == before
     assert not (tmp_path / "cache").exists() and not (tmp_path / "dist").exists(), "refused before any work"
@@ -222,7 +222,7 @@ def test_a_constraints_that_is_not_the_tools_is_refused_and_left_whole(project, 
 @pytest.mark.parametrize("case", ["empty", "the tool's", "the committed one"])
 def test_a_constraints_that_is_the_tools_is_let_through(project, tmp_path, case):
     target = tmp_path / "constraints.txt"
-    target.write_text({"empty": "", "the tool's": publish.CONSTRAINTS_HEADER + "\n--find-links ./dist\n",
+    target.write_text({"empty": "", "the tool's": constraintsfile.CONSTRAINTS_HEADER + "\n--find-links ./dist\n",
                        "the committed one": (ROOT / "constraints.txt").read_text()}[case])
     done = _build(project, "--out", str(tmp_path / "dist"), "--constraints", str(target), env=_env(tmp_path))
     assert done.returncode == cli.ExitCode.ERROR and THE_INDEX_FAILS in _error(done), done.stderr
@@ -232,9 +232,9 @@ def test_a_constraints_that_is_the_tools_is_let_through(project, tmp_path, case)
 def test_a_constraints_file_that_is_the_tools_is_replaced(tmp_path, case):
     target = tmp_path / "constraints.txt"
     if case != "absent":
-        target.write_text("" if case == "empty" else publish.CONSTRAINTS_HEADER + "\nold==1\n")
-    staging.write_atomically(target, publish.CONSTRAINTS_HEADER + "\nnew==2\n", owner=publish.CONSTRAINTS_FILE)
-    assert target.read_text() == publish.CONSTRAINTS_HEADER + "\nnew==2\n"
+        target.write_text("" if case == "empty" else constraintsfile.CONSTRAINTS_HEADER + "\nold==1\n")
+    staging.write_atomically(target, constraintsfile.CONSTRAINTS_HEADER + "\nnew==2\n", owner=constraintsfile.CONSTRAINTS_FILE)
+    assert target.read_text() == constraintsfile.CONSTRAINTS_HEADER + "\nnew==2\n"
     assert [p.name for p in tmp_path.iterdir()] == ["constraints.txt"]
 
 
@@ -245,9 +245,9 @@ def test_a_file_that_is_not_the_tools_is_refused_at_the_write_too(tmp_path, held
     if held == "a fifo":
         os.mkfifo(target)
     else:
-        target.write_text("mine\n" + (publish.CONSTRAINTS_HEADER if held == "the header not first" else ""))
+        target.write_text("mine\n" + (constraintsfile.CONSTRAINTS_HEADER if held == "the header not first" else ""))
     with pytest.raises(OverlayError, match="is not (a constraints file the tool wrote|a regular file)"):
-        with staging.staged_file(target, "new", owner=publish.CONSTRAINTS_FILE):
+        with staging.staged_file(target, "new", owner=constraintsfile.CONSTRAINTS_FILE):
             pass
     if held != "a fifo":
         assert target.read_text().startswith("mine\n")

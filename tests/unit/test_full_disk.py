@@ -18,11 +18,11 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import buildenv, publish, staging, wheels
+from maxtext_rl_overlay import buildenv, constraintsfile, indexpages, staging, wheels
 from maxtext_rl_overlay.errors import OverlayError
 from unit.unit_support import SmallFs, project_copy
 
-MARKER = publish.INDEX_MARKER
+MARKER = indexpages.INDEX_MARKER
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def _tree(folder: pathlib.Path) -> dict[str, bytes]:
 def _index(dest: pathlib.Path, wheel_bytes: int) -> None:
     with staging.staged_dir(dest, replace=MARKER, mode=0o755) as new:
         (new / "x-1.0-py3-none-any.whl").write_bytes(os.urandom(wheel_bytes))
-        publish.write_index(new)
+        indexpages.write_index(new)
 
 
 def test_an_index_that_does_not_fit_is_no_space_and_the_previous_one_stays_whole(small_fs):
@@ -68,10 +68,10 @@ def test_an_index_that_does_not_fit_is_no_space_and_the_previous_one_stays_whole
 def test_a_file_that_does_not_fit_is_no_space_and_the_previous_one_stays_whole(small_fs):
     fs = small_fs(size=256 << 10)
     constraints = fs.path / "constraints.txt"
-    old = publish.CONSTRAINTS_HEADER + "\nold==1\n"
+    old = constraintsfile.CONSTRAINTS_HEADER + "\nold==1\n"
     constraints.write_text(old)
     with pytest.raises(staging.NoSpace, match=f"^no space left on device: cannot write {constraints}\\. "):
-        staging.write_atomically(constraints, publish.CONSTRAINTS_HEADER + "\n" + "x" * (512 << 10), owner=publish.CONSTRAINTS_FILE)
+        staging.write_atomically(constraints, constraintsfile.CONSTRAINTS_HEADER + "\n" + "x" * (512 << 10), owner=constraintsfile.CONSTRAINTS_FILE)
     assert constraints.read_text() == old
     assert sorted(p.name for p in fs.path.iterdir()) == ["constraints.txt"]
 
@@ -82,10 +82,10 @@ def test_a_kept_wheel_that_does_not_fit_leaves_no_half_written_entry(small_fs, t
     fs = small_fs(size=256 << 10)
     wheel = tmp_path / "x-1.0-py3-none-any.whl"
     wheel.write_bytes(os.urandom(512 << 10))
-    wheels._keep_wheel(fs.path, {"inputs": "of the build"}, wheel, "x")
+    wheels.keep_wheel(fs.path, {"inputs": "of the build"}, wheel, "x")
     assert "the wheel was not kept for reuse (no space left on device: cannot write" in capsys.readouterr().err
     assert [p.name for p in (fs.path / "wheels").iterdir()] == [], "no entry, and no staging folder, in the cache"
-    assert wheels._kept_wheel(fs.path, {"inputs": "of the build"}, tmp_path / "out", "x") is None
+    assert wheels.kept_wheel(fs.path, {"inputs": "of the build"}, tmp_path / "out", "x") is None
 
 
 def test_a_build_environment_with_a_damaged_record_is_made_again(tmp_path):
@@ -116,7 +116,7 @@ def test_a_build_onto_a_full_filesystem_is_status_3_naming_the_path(small_fs, tm
     path[full] = fs.path / path[full].name
     # What an earlier build left there: an index and a constraints file, the tool's.
     _index(fs.path / "dist", 1000)
-    (fs.path / "constraints.txt").write_text(publish.CONSTRAINTS_HEADER + "\nold==1\n")
+    (fs.path / "constraints.txt").write_text(constraintsfile.CONSTRAINTS_HEADER + "\nold==1\n")
     before = _tree(fs.path)
     fs.fill()
     done = _build(project, tmp_path, out=path["--out"], constraints=path["--constraints"], cache=path["the cache"])

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from maxtext_rl_overlay import gittree, patchfile, publish
+from maxtext_rl_overlay import gittree, inputdigests, patchfile
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
 
@@ -105,7 +105,7 @@ def test_constraints_pin_exactly_what_the_pins_and_revision_build():
     the failure says the command that makes it again. (A rebase without
     --build leaves this test out: rebase.fasttests.STALE_UNTIL_REBUILT.)"""
     text = (ROOT / "constraints.txt").read_text()
-    stale = publish.stale_constraints(text, PROJECT)
+    stale = inputdigests.stale_constraints(text, PROJECT)
     assert not stale, stale
     assert text.startswith("# maxtext-rl-overlay constraints: generated")
     assert "\n--find-links ./dist\n" in text
@@ -189,7 +189,7 @@ def test_the_tpu_vm_install_can_be_copied_and_pasted():
     checks the constraints' hashes, the install, verify."""
     from packaging.requirements import Requirement
 
-    from maxtext_rl_overlay.publish import UV_CHECKS_CONSTRAINT_HASHES
+    from maxtext_rl_overlay.constraintsfile import UV_CHECKS_CONSTRAINT_HASHES
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Install (on a TPU VM, Python 3.12)", 1)[1].split("\n## ", 1)[0]

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from maxtext_rl_overlay import publish
+from maxtext_rl_overlay import indexpages
 from unit.unit_support import assert_uploads_every_junit, fake_wheel
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -227,7 +227,7 @@ def _release(folder: pathlib.Path, tag: str, content: str = "") -> pathlib.Path:
     folder.mkdir(parents=True)
     fake_wheel(folder, "maxtext-rl-overlay", "0.1.0", extra=content)
     fake_wheel(folder, "tpu-inference", "0.25.0+mrl.1")
-    publish.write_simple(folder, publish.write_index(folder))
+    indexpages.write_simple(folder, indexpages.write_index(folder))
     (folder / "constraints.txt").write_text(f"--find-links https://o.github.io/r/{tag}/\n")
     return folder
 
