@@ -16,9 +16,23 @@ image (no registry is reachable here, so no base can be pulled):
 - the same build over a base whose unpatched copy of tunix sits on
   PYTHONPATH (/deps/src) fails at the verify gate, naming the module.
 
+With MRL_IMAGE_CLOSURE=1 (the full matrix or a maintainer's run: a 10 GB
+layer and smoke's two configurations; CI's scripts/test.sh leaves them out,
+saying so), two more over a stand-in base that also holds the release's
+closure, MaxText included (maxtext[tpu-post-train]==0.2.4, jax, the
+stand-in torch; --no-deps from uv's cache, offline, as constraints.txt pins
+them):
+- the overlay's image FROM it by digest, the gate being the full `verify`
+  (torch and the imports too); inside the container `verify` passes and
+  `smoke --cpu-simulation` passes in both configurations (vLLM's Llama, and
+  MaxText's model);
+- the same build over it with the unpatched tunix on PYTHONPATH fails the
+  full gate, naming the module.
+
 The release is MRL_IMAGE_RELEASE (a scripts/build-wheels.sh dist/ made from
 this checkout) or the session's stand-in build. Sizes and times are printed
-(pytest -s) as "image: ..." lines."""
+(pytest -s) as "image: ..." lines, and the closure tests print the commands
+run inside the container with their whole output."""
 
 from __future__ import annotations
 
@@ -175,12 +189,15 @@ def bases(tmp_path_factory, engine_env, standin):
     _podman("rmi", "--force", "localhost/mrl-standin-shadowed:test", "localhost/mrl-standin-base:test", env=engine_env, check=False)
 
 
-def _build(base: str, release: pathlib.Path, tag: str) -> tuple[subprocess.CompletedProcess[str], float]:
+def _build(base: str, release: pathlib.Path, tag: str, *, install: str = "replace",
+           verify_args: str = "--files-only") -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != "CONTAINERS_CONF"}  # the script's own configuration
-    done = subprocess.run([str(ROOT / "scripts" / "build-image.sh"), "--base", base, "--release", str(release), "--tag", tag,
-                           "--install", "replace", "--offline", "--verify-args", "--files-only"],
-                          capture_output=True, text=True, env=env, timeout=1200)
+    command = [str(ROOT / "scripts" / "build-image.sh"), "--base", base, "--release", str(release), "--tag", tag,
+               "--install", install, "--offline"]
+    if verify_args:
+        command += ["--verify-args", verify_args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     return done, time.monotonic() - start
 
 
@@ -241,3 +258,186 @@ def test_a_base_whose_unpatched_copy_shadows_ours_fails_at_the_verify_gate(bases
         if "SHADOWS" in line or line.startswith(("verify: NO", "Error: building")) or "A plain import" in line:
             _say("shadowed base: " + " ".join(line.split()))
     assert done.stderr.rstrip().endswith("build-image.sh: the build failed (the output above says where; a failed verify gate lists what differs)")
+
+
+# The image over a base that holds the closure: the full gate and smoke inside.
+#
+# MRL_IMAGE_CLOSURE=1 selects these: the closure base is a 10 GB layer and
+# smoke --cpu-simulation runs both configurations inside the container (tens
+# of minutes on 2 cores), so they belong to the full matrix or a
+# maintainer's run, not to CI's scripts/test.sh.
+
+CLOSURE_SWITCH = "MRL_IMAGE_CLOSURE"
+closure_only = pytest.mark.skipif(
+        os.environ.get(CLOSURE_SWITCH) != "1",
+        reason=f"{CLOSURE_SWITCH}=1 selects it (a 10 GB layer and smoke's two configurations: the full matrix or a maintainer's "
+        "run): would have built a stand-in MaxText base that also holds the release's closure (jax, the stand-in torch, "
+        "maxtext[tpu-post-train]==0.2.4, transformers; installed offline from uv's cache), the overlay's image FROM it by "
+        "digest with the full verify as its gate, run verify and smoke --cpu-simulation inside it (vLLM's Llama and "
+        "MaxText's model), and seen the base whose unpatched tunix shadows ours fail the full gate",
+)
+CLOSURE_TIMEOUT = pytest.mark.timeout(7200)  # the closure base's 10 GB layer, two builds, verify and smoke inside
+#: The release's own distributions: the overlay's image installs them; the base holds the rest of the closure.
+OWN = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext-vllm-adapter")
+UV_CACHE = "/mrl-uv-cache"  # where the host's uv cache is mounted during the closure base's build
+
+CLOSURE_BASE = """\
+# A STAND-IN for MaxText's post-training image WITH its closure, made by the
+# project's tests (tests/pipeline/test_image.py): no registry is reachable here.
+# Over the stand-in base (bookworm, CPython 3.12, the upstreams without the
+# series, PYTHONPATH=/deps/src): the release's closure but the release's own
+# distributions, at the constraints' versions (maxtext[tpu-post-train]==0.2.4,
+# jax, the stand-in torch, ...), --no-deps from uv's cache mounted at {cache}
+# for this build, offline. The end state is MaxText's: its closure, and the
+# upstreams without the series (not replaced: they are not in the list).
+FROM {base}
+RUN --mount=type=bind,source=closure.txt,target=/mrl-closure.txt --mount=type=bind,source=uv,target=/uv \\
+    /uv pip install --python {python} --break-system-packages --offline --cache-dir {cache} --link-mode copy \\
+      --no-deps -r /mrl-closure.txt
+LABEL {label}.closure="a STAND-IN for MaxText's post-training image WITH the closure: maxtext[tpu-post-train]==0.2.4, jax, the stand-in torch"
+"""
+
+
+def _closure_requirements(release: pathlib.Path) -> str:
+    """constraints.txt's pins (name==version), the release's own left out."""
+    pins = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", (release / "constraints.txt").read_text(), re.M)
+    return "".join(f"{name}=={version}\n" for name, version in pins if name not in OWN)
+
+
+def _uv() -> str:
+    return str(pathlib.Path(sys.executable).parent / "uv")
+
+
+@pytest.fixture(scope="module")
+def closure_bases(request, tmp_path_factory, engine_env, release):
+    """(closure, shadowed), each by digest: a MaxText post-training image that
+    holds the closure (MRL_IMAGE_CLOSURE_BASE, IMAGE@sha256:..., where one is at
+    hand; else the stand-in base with the closure, made here), and the same
+    with its own unpatched tunix copied onto PYTHONPATH (/deps/src)."""
+    given = os.environ.get("MRL_IMAGE_CLOSURE_BASE")
+    made = []
+    if given:
+        assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", given), f"MRL_IMAGE_CLOSURE_BASE={given}: give IMAGE@sha256:<digest>"
+        closure = given
+    else:
+        closure = _closure_standin(request.getfixturevalue("bases")[0], release, tmp_path_factory.mktemp("closure-base"), engine_env)
+        made.append("localhost/mrl-standin-closure:test")
+    shadow = tmp_path_factory.mktemp("closure-shadowed")
+    (shadow / "Containerfile").write_text(SHADOWED_CLOSURE.format(base=closure, label=STANDIN_LABEL))
+    _podman("build", "--isolation", "chroot", "--tag", "localhost/mrl-closure-shadowed:test", str(shadow), env=engine_env)
+    made.insert(0, "localhost/mrl-closure-shadowed:test")
+    shadowed = "localhost/mrl-closure-shadowed@" + _podman("image", "inspect", "--format", "{{.Digest}}", made[0], env=engine_env).stdout.strip()
+    yield closure, shadowed
+    _podman("rmi", "--force", *made, env=engine_env, check=False)
+
+
+#: The base's own unpatched tunix, copied where MaxText's images put sources (PYTHONPATH=/deps/src): it shadows ours.
+SHADOWED_CLOSURE = """\
+FROM {base}
+RUN mkdir -p /deps/src && python3 -c 'import importlib.util, shutil; \\
+    shutil.copytree(importlib.util.find_spec("tunix").submodule_search_locations[0], "/deps/src/tunix", \\
+                    ignore=shutil.ignore_patterns("__pycache__"))'
+ENV PYTHONPATH=/deps/src
+LABEL {label}.shadowed="the base's unpatched tunix on PYTHONPATH (/deps/src)"
+"""
+
+
+def _closure_standin(clean: str, release: pathlib.Path, ctx: pathlib.Path, engine_env: dict[str, str]) -> str:
+    """The stand-in base with the release's closure, by digest."""
+    (ctx / "closure.txt").write_text(_closure_requirements(release))
+    assert re.search(r"^maxtext==", (ctx / "closure.txt").read_text(), re.M), f"{release}: its closure holds no MaxText"
+    cache = subprocess.run([_uv(), "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    # Everything must be in uv's cache: the base's install is offline.
+    dry = subprocess.run([_uv(), "pip", "install", "--dry-run", "--offline", "--no-deps", "--python", sys.executable,
+                          "-r", str(ctx / "closure.txt")], capture_output=True, text=True)
+    assert dry.returncode == 0, f"uv's cache ({cache}) lacks part of the closure (install it once with the network): {dry.stderr[-2000:]}"
+    shutil.copy2(_uv(), ctx / "uv")
+    (ctx / "Containerfile").write_text(CLOSURE_BASE.format(base=clean, python=PREFIX / "bin" / "python3", cache=UV_CACHE, label=STANDIN_LABEL))
+    start = time.monotonic()
+    _podman("build", "--isolation", "chroot", "--volume", f"{cache}:{UV_CACHE}", "--tag", "localhost/mrl-standin-closure:test",
+            str(ctx), env=engine_env, timeout=3600)
+    _say(f"stand-in base with the closure built in {time.monotonic() - start:.0f} s")
+    return "localhost/mrl-standin-closure@" + _podman("image", "inspect", "--format", "{{.Digest}}", "localhost/mrl-standin-closure:test",
+                                                    env=engine_env).stdout.strip()
+
+
+def _run_inside(image: str, *command: str, env: dict[str, str], volume: pathlib.Path | None = None,
+                timeout: float = 3600) -> tuple[subprocess.CompletedProcess[str], float]:
+    args = ["run", "--rm", "--shm-size", "2g"]
+    if volume is not None:
+        args += ["--volume", f"{volume}:/mrl-out"]
+    start = time.monotonic()
+    done = _podman(*args, image, *command, env=env, check=False, timeout=timeout)
+    seconds = time.monotonic() - start
+    _say(f"podman {' '.join(args)} {image} {' '.join(command)}: exit {done.returncode} in {seconds:.0f} s")
+    for line in (done.stdout + done.stderr).strip().splitlines():
+        _say("  " + line)
+    return done, seconds
+
+
+def _size(ref: str, env: dict[str, str]) -> int:
+    return int(_podman("image", "inspect", "--format", "{{.Size}}", ref, env=env).stdout)
+
+
+@closure_only
+@CLOSURE_TIMEOUT
+def test_the_overlay_image_over_a_closure_base_passes_the_full_verify_and_smoke_inside(closure_bases, release, engine_env,
+                                                                                       tmp_path):
+    base, _ = closure_bases
+    tag = "localhost/mrl-overlay-closure:test"
+    before = _image_ids(engine_env)
+    cold, cold_s = _build(base, release, tag, verify_args="")
+    try:
+        assert cold.returncode == 0, cold.stderr[-5000:]
+        assert "RUN maxtext-rl-overlay verify" in cold.stderr and "--files-only" not in cold.stderr
+        assert "verify: yes" in cold.stderr
+        digest = cold.stdout.strip()
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), cold.stdout
+        warm, warm_s = _build(base, release, tag, verify_args="")
+        assert warm.returncode == 0 and warm.stdout.strip() == digest, "the same inputs, the same image"
+        image = f"localhost/mrl-overlay-closure@{digest}"
+        verify, verify_s = _run_inside(image, "maxtext-rl-overlay", "verify", env=engine_env)
+        assert verify.returncode == 0 and "verify: yes" in verify.stdout, verify.stdout + verify.stderr
+        assert "--files-only" not in verify.stdout
+        out = tmp_path / "out"
+        out.mkdir()
+        smoke, smoke_s = _run_inside(image, "maxtext-rl-overlay", "smoke", "--cpu-simulation", "--json", "/mrl-out/smoke.json",
+                                     env=engine_env, volume=out)
+        assert smoke.returncode == 0, (smoke.stdout + smoke.stderr)[-8000:]
+        result = json.loads((out / "smoke.json").read_text())
+        assert result["ok"] and result["skipped"] == {}, result["failed"] or result["skipped"]
+        ran = {c["name"]: c["seconds"] for c in result["configurations"]}
+        assert set(ran) == {"llama-device-indexes", "maxtext-new-model-design"}, ran
+        labels = json.loads(_podman("image", "inspect", "--format", "{{json .Labels}}", tag, env=engine_env).stdout)
+        assert labels["org.opencontainers.image.base.digest"] == base.split("@")[1]
+        if "MRL_IMAGE_CLOSURE_BASE" not in os.environ:
+            assert labels[STANDIN_LABEL + ".closure"].startswith("a STAND-IN"), "the base's stand-in label is inherited"
+        sizes = {ref: _size(ref, env=engine_env) for ref in (base, tag)}
+        _say(f"base with the closure {sizes[base] / 1e9:.2f} GB; overlay image {sizes[tag] / 1e9:.2f} GB (the overlay adds "
+             f"{(sizes[tag] - sizes[base]) / 1e6:.1f} MB); build {cold_s:.0f} s cold, {warm_s:.0f} s warm; verify inside "
+             f"{verify_s:.0f} s; smoke --cpu-simulation inside {smoke_s:.0f} s ("
+             + ", ".join(f"{name}: {sum(s.values()):.0f} s" for name, s in ran.items()) + ")")
+    finally:
+        _podman("rmi", "--force", tag, env=engine_env, check=False)
+        made = _image_ids(engine_env) - before
+        if made:
+            _podman("rmi", "--force", *made, env=engine_env, check=False)
+
+
+@closure_only
+@CLOSURE_TIMEOUT
+def test_a_closure_base_whose_unpatched_copy_shadows_ours_fails_the_full_verify_gate(closure_bases, release, engine_env):
+    _, shadowed = closure_bases
+    before = _image_ids(engine_env)
+    try:
+        done, _ = _build(shadowed, release, "localhost/mrl-overlay-closure-shadowed:test", verify_args="")
+    finally:
+        made = _image_ids(engine_env) - before
+        if made:
+            _podman("rmi", "--force", *made, env=engine_env, check=False)
+    assert done.returncode == 1, done.stderr[-5000:]
+    assert "verify: NO" in done.stderr and "--files-only" not in done.stderr
+    assert re.search(r"import tunix\.generate\.utils resolves to .*/deps/src/tunix/generate/utils\.py \(SHADOWS", done.stderr), done.stderr[-5000:]
+    for line in done.stderr.splitlines():
+        if "SHADOWS" in line or line.startswith(("verify: NO", "Error: building")) or "A plain import" in line:
+            _say("shadowed closure base: " + " ".join(line.split()))

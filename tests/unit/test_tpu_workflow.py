@@ -57,9 +57,49 @@ def test_workflow_smokes_the_built_wheels_on_the_tpu_and_keeps_the_json():
     assert "--cpu-simulation" not in smoke, "on the TPU the smoke is a hardware qualification"
     assert "--maxtext" in smoke, "MaxText's configuration too: train_rl's maxtext_on_vllm"
     assert names.index("scripts/smoke-wheels.sh") < names.index("scripts/test-matrix.sh"), "the gate first: minutes, not the suite's hour"
-    (kept,) = [s for s in _job()["steps"] if s.get("uses", "").startswith("actions/upload-artifact") and "smoke" in s["with"]["name"]]
+    (kept,) = [s for s in _job()["steps"] if s.get("uses", "").startswith("actions/upload-artifact")
+               and "smoke" in s["with"]["name"] and "image" not in s["with"]["name"]]  # the image's smoke: its own test
     assert kept["with"]["path"] == smoke[smoke.index("--json") + 1] and kept["if"] == "always()"
     assert (ROOT / "scripts" / "smoke-wheels.sh").is_file()
+
+
+def test_workflow_builds_the_image_over_maxtexts_image_by_digest_from_its_wheels_and_smokes_inside():
+    """The image users deploy, as release.yml builds it: build-image.sh over
+    MRL_MAXTEXT_IMAGE (checked to be pinned by digest first, failing in
+    words) from the wheels this job built, after their own smoke; then smoke
+    inside that image (by the digest the build printed) on the chips, its
+    JSON kept. The workflow never pushes an image."""
+    import os
+    import subprocess
+
+    steps = _job()["steps"]
+    commands = _commands()
+    names = [c[0] for c in commands]
+    build = commands[names.index("scripts/build-wheels.sh")]
+    image = commands[names.index("scripts/build-image.sh")]
+    assert image[image.index("--base") + 1] == "$MAXTEXT_IMAGE"
+    assert image[image.index("--release") + 1] == build[build.index("--out") + 1], "the wheels the workflow built"
+    assert image[-2] == ">", "its stdout, the digest, kept for the run"
+    digest_file = image[-1]
+    (declared,) = [s for s in steps if "run" in s and "case" in s["run"] and "MAXTEXT_IMAGE" in s["run"]]
+    assert declared["env"] == {"MAXTEXT_IMAGE": "${{ vars.MRL_MAXTEXT_IMAGE }}"}
+    for value, status in (("", 1), ("gcr.io/p/tpu_post_training:latest", 1), ("gcr.io/p/tpu_post_training@sha256:" + "a" * 64, 0)):
+        done = subprocess.run(["bash", "-e", "-c", declared["run"]], env=dict(os.environ, MAXTEXT_IMAGE=value), capture_output=True, text=True)
+        assert done.returncode == status and (("MRL_MAXTEXT_IMAGE" in done.stdout) == bool(status)), (value, done.stdout)
+    runs = [s.get("run", "") for s in steps]
+    order = [next(i for i, r in enumerate(runs) if r.startswith(k))
+             for k in ("scripts/smoke-wheels.sh", "scripts/build-image.sh", "docker run", "scripts/test-matrix.sh")]
+    assert order == sorted(order), "the wheels' smoke first, then the image's, then the suite"
+    run = shlex.split(runs[order[2]])
+    assert f"$(cat {digest_file})" in run and run[run.index("$(cat " + digest_file + ")") + 1:][:2] == ["maxtext-rl-overlay", "smoke"]
+    assert "--cpu-simulation" not in run and "--privileged" in run
+    json_out = run[run.index("--json") + 1]
+    (kept,) = [s for s in steps if s.get("uses", "").startswith("actions/upload-artifact") and "image" in s["with"]["name"]]
+    assert kept["if"] == "always()" and digest_file in kept["with"]["path"] and json_out.replace("/out/", "") in kept["with"]["path"]
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    assert "image/**" in doc.get("on", doc.get(True))["push"]["paths"], "a change of the Containerfile runs it"
+    text = WORKFLOW.read_text()
+    assert not any(push in text for push in ("docker push", "podman push", "docker/login-action")), "pushing is never a side effect"
 
 
 def test_smoke_wheels_script_refuses_what_it_cannot_use(tmp_path):
