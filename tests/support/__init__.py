@@ -10,6 +10,8 @@ and the matrix's); no test or conftest edits sys.path.
 - support.rebase: the rebase tests, tests/rebase (tool venv).
 - support.fixes: the patched-behaviour suite, tests/fixes (matrix venvs: it
   imports jax and the installed overlay wheels).
+- support.programs: the child programs those tests start
+  (`python -m support.programs.NAME`), each a main() and what only it needs.
 
 tests/unit keeps its own helpers beside it (unit/unit_support.py).
 """
