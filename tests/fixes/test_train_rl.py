@@ -1,7 +1,7 @@
 """MaxText 0.2.4's `train_rl` on the installed stack: GRPO steps with a real
 (tiny) MaxText model, a real vLLM rollout and a real weight sync.
 
-support/fixes/train_rl_run.py (one process a run: see its docstring) calls
+support/programs/train_rl_run.py (one process a run: see its docstring) calls
 what MaxText's own integration test calls, in both of its configurations
 (`vllm_native`, `maxtext_on_vllm`), and writes down how far it got and the
 checks. This file runs it on the overlay (MaxText's shims off; in the
@@ -76,7 +76,7 @@ def run_trainer(tmp_path, config: str, *flags: str) -> dict:
     env = dict(os.environ, MRL_PLATFORM=PLATFORM, PYTHONPATH=path)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "support.fixes.train_rl_run", str(out), "--config", config, *flags],
+            [sys.executable, "-m", "support.programs.train_rl_run", str(out), "--config", config, *flags],
             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
         )
         log = proc.stderr
@@ -225,7 +225,7 @@ def check_transfer_guard_stand_in(result):
     alike. The run enters those guards as a TPU does (not at all: the
     driver's sync_weights_as_on_tpu); here, that it did, for every sync, and
     says so among its stand-ins."""
-    from support.fixes.train_rl_run import TRANSFER_GUARD_STAND_IN
+    from support.fixes.train_rl_stand_ins import TRANSFER_GUARD_STAND_IN
 
     assert TRANSFER_GUARD_STAND_IN in result["stand_ins"], result["stand_ins"]
     guards = result["transfer_guards_as_on_tpu"]

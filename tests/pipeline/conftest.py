@@ -7,12 +7,12 @@ a git repository of a stand-in tree and pins a copy of the project to it."""
 from __future__ import annotations
 
 import pathlib
-import shutil
 
 import pytest
 
 import standins  # tests/standins.py: tests/ is on sys.path (pyproject's pythonpath)
 from support.pipeline import ALL, ROOT, build_standins, fake_rust_toolchain
+from support.project import project_copy
 
 #: A pipeline test's bound: it builds wheels (vLLM's compiles) and venvs, and
 #: the first one in a session makes the build environments (minutes, cold).
@@ -39,15 +39,7 @@ def cache_dir(tmp_path_factory) -> pathlib.Path:
 @pytest.fixture
 def project(tmp_path) -> pathlib.Path:
     """A copy of this project that a test may change (pins, patches)."""
-    dest = tmp_path / "project"
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(ROOT / name, dest / name)
-    for name in ("overlay", "patches"):
-        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
-    return dest
-
-
+    return project_copy(tmp_path / "project", "overlay", licence=True)
 
 
 @pytest.fixture(scope="session")

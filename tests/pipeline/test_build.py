@@ -24,10 +24,9 @@ from support.pipeline import (
     ROOT,
     build_standins,
     git_repo_of,
-    run_tool,
-    set_pin,
     unpack,
 )
+from support.project import run_tool, set_pin
 from unit.unit_support import default_signals
 
 pytestmark = pytest.mark.slow

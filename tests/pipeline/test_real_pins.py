@@ -12,7 +12,8 @@ import re
 import pytest
 
 import standins
-from support.pipeline import ROOT, run_tool
+from support.pipeline import ROOT
+from support.project import run_tool
 
 SOURCES = dict(s.split("=", 1) for s in os.environ.get("MRL_SOURCES", "").split())
 

@@ -11,7 +11,7 @@ import pytest
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import VERSION_RULES, LastKnownGood, RebasePolicy, load_project, read_pin
 from maxtext_rl_overlay.rebase import versions
-from support.rebase import ROOT
+from support import ROOT
 
 
 def _pin_with(tmp_path: pathlib.Path, table: str, dist: str = "tpu-inference") -> pathlib.Path:

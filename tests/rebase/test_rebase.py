@@ -15,8 +15,8 @@ import tomllib
 import pytest
 
 from maxtext_rl_overlay import patchfile
+from support import ROOT
 from support.rebase import (
-    ROOT,
     commit_all,
     git,
     make_project,

@@ -1,17 +1,17 @@
-"""Helpers of the build-pipeline tests (tests/pipeline, tool venv): run the real
-tool on a project copy, and make upstream-like trees and git repositories of
-the stand-in sdists."""
+"""Helpers of the build-pipeline tests (tests/pipeline, tool venv): build the
+stand-in sdists with the real tool (support.project runs it), and make
+upstream-like trees and git repositories of them."""
 
 from __future__ import annotations
 
 import os
 import pathlib
 import subprocess
-import sys
 import tarfile
 
-from maxtext_rl_overlay.pins import load_project, set_pin_values
+from maxtext_rl_overlay.pins import load_project
 from support import ROOT
+from support.project import run_tool
 
 PROJECT = load_project(ROOT)
 ALL = ",".join(PROJECT.pins)  # every upstream, vLLM included
@@ -19,19 +19,6 @@ GIT_ENV = {
     "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
     "GIT_AUTHOR_DATE": "2026-07-27T09:44:06-07:00", "GIT_COMMITTER_DATE": "2026-07-27T09:44:06-07:00",
 }
-
-
-def run_tool(project: pathlib.Path, *args: str, cache: pathlib.Path, check: bool | None = None, env: dict[str, str] | None = None,
-             **kw) -> subprocess.CompletedProcess:
-    """`python -m maxtext_rl_overlay ARGS` on `project`, as a user runs it (`env`: added to this one's)."""
-    env = dict(os.environ, MRL_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never", **(env or {}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "maxtext_rl_overlay", *args, "--project", str(project)],
-        capture_output=True, text=True, env=env, **kw,
-    )
-    if check is True:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def build_standins(project, out, standin, cache, *extra, only="google-tunix,tpu-inference", check=True, env=None):
@@ -73,7 +60,3 @@ def git_repo_of(tree: pathlib.Path) -> tuple[str, str, str]:
         subprocess.run(["git", *args], cwd=tree, env=env, check=True, capture_output=True)
     out = lambda *a: subprocess.run(["git", *a], cwd=tree, capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
     return out("rev-parse", "HEAD"), out("rev-parse", "HEAD^{tree}"), out("log", "-1", "--format=%cI")
-
-
-def set_pin(project: pathlib.Path, dist: str, **values: str) -> None:
-    set_pin_values(project / "patches" / dist / "pin.toml", values)

@@ -15,15 +15,16 @@ import tempfile
 import tomllib
 
 from maxtext_rl_overlay import buildcache, options
-from maxtext_rl_overlay.pins import set_pin_values
-from support import ROOT, TESTS
+from support import TESTS
+from support.project import project_copy, run_tool, set_pin
 
 DRIFT = TESTS / "rebase" / "drift.toml"
 IDENT = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "upstream", "GIT_COMMITTER_EMAIL": "u@u",
          "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
-#: What a project copy holds: enough to run the tool and its fast tests.
-PROJECT_FILES = ("pyproject.toml", "README.md", "docs", "LICENSE", "constraints.txt", ".gitignore", ".ci", ".github", "scripts", "overlay", "patches",
-                 "image", "tests/README.md", "tests/unit", "tests/conftest.py", "tests/standins.py", "tests/support")
+#: What a rebase's project copy holds besides the tool's inputs and LICENSE:
+#: enough to run the tool and its fast tests.
+PROJECT_FILES = ("docs", "constraints.txt", ".gitignore", ".ci", ".github", "scripts", "overlay", "image", "tests/README.md", "tests/unit",
+                 "tests/conftest.py", "tests/standins.py", "tests/support")
 
 
 def cache_dir() -> pathlib.Path:
@@ -96,14 +97,8 @@ def make_project(dest: pathlib.Path, pins: dict[str, dict[str, str]], keep: dict
     """A git-tracked copy of this project, `pins` moved (commit, tree, date,
     ... per distribution), each series cut to the patches whose names start
     with one of `keep[dist]` (in series order)."""
-    dest.mkdir(parents=True)
-    for name in PROJECT_FILES:
-        src, to = ROOT / name, dest / name
-        if src.is_dir():
-            shutil.copytree(src, to, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
-        elif src.exists():
-            to.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, to)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    project_copy(dest, *PROJECT_FILES, licence=True)
     for dist, values in pins.items():
         set_pin(dest, dist, **values)
     for dist, prefixes in (keep or {}).items():
@@ -124,15 +119,9 @@ def pin_of(repo: pathlib.Path, commit: str) -> dict[str, str]:
     return {"commit": commit, "tree": git(repo, "rev-parse", f"{commit}^{{tree}}"), "date": git(repo, "log", "-1", "--format=%cI", commit)}
 
 
-def set_pin(project: pathlib.Path, dist: str, **values: str) -> None:
-    set_pin_values(project / "patches" / dist / "pin.toml", values)
-
-
 def rebase(project: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
     """`python -m maxtext_rl_overlay rebase ARGS` on `project` (the copy's own code)."""
-    env = dict(os.environ, MRL_CACHE_DIR=str(project.parent / "cache"), PYTHONPATH=str(project / "overlay"))
-    return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "rebase", *args, "--project", str(project)],
-                          capture_output=True, text=True, env=env)
+    return run_tool(project, "rebase", *args, own_code=True)
 
 
 def snapshot(project: pathlib.Path) -> dict[str, bytes]:

@@ -22,7 +22,7 @@ import pytest
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import constraintsfile, indexpages, staging
 from maxtext_rl_overlay.errors import OverlayError
-from unit.unit_support import project_copy
+from support.project import project_copy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Where the build's first network step (MaxText's file list) fails at once.

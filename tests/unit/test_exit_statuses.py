@@ -18,7 +18,8 @@ import pytest
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import testmatrix
 from maxtext_rl_overlay.pins import load_project
-from unit.unit_support import maxtext_version, project_copy
+from support.project import project_copy
+from unit.unit_support import maxtext_version
 from unit.unit_support import served as serve
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

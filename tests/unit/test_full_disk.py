@@ -20,7 +20,8 @@ import pytest
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import buildenv, constraintsfile, indexpages, staging, wheels
 from maxtext_rl_overlay.errors import OverlayError
-from unit.unit_support import SmallFs, project_copy
+from support.project import project_copy
+from unit.unit_support import SmallFs
 
 MARKER = indexpages.INDEX_MARKER
 

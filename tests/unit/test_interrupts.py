@@ -288,8 +288,9 @@ def stalled_build(tmp_path):
     import hashlib
     import json
 
-    from unit.unit_support import project_copy, uv_offline_env
+    from support.project import project_copy
     from unit.unit_support import served as serve
+    from unit.unit_support import uv_offline_env
 
     served = tmp_path / "index"
     (served / "maxtext").mkdir(parents=True)

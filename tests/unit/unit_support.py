@@ -1,10 +1,8 @@
 """Helpers of the fast tests (tests/unit), run in the tool venv; imported as
-`unit.unit_support` (pyproject's pythonpath puts tests/ on sys.path).
-
-They live in tests/unit rather than tests/support because tests/unit must
-stand alone: the rebase command runs the fast tests, and its own tests
-(tests/rebase) run it on a project copy that holds tests/conftest.py and
-tests/unit only."""
+`unit.unit_support` (pyproject's pythonpath puts tests/ on sys.path). The
+project copies and the tool's run they share with the other suites are
+support.project's (a rebase's project copy holds tests/support too: the
+rebase runs the fast tests on it)."""
 
 from __future__ import annotations
 
@@ -26,6 +24,7 @@ from collections.abc import Iterator
 import pytest
 
 from maxtext_rl_overlay import interrupts
+from support.project import project_copy, set_pin
 
 #: The checkout the fast tests test.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -106,16 +105,6 @@ def assert_uploads_every_junit(job: dict, root: pathlib.Path) -> None:
     assert "build/test-matrix/cells/maxtext-0.2.4/junit-maxtext-shims.xml" in written
     missed = [w for w in written if not fnmatch.fnmatch(w, path)]
     assert not missed, f"the upload's path {path!r} misses {missed}"
-
-
-def project_copy(dest: pathlib.Path, *, licence: bool = False) -> pathlib.Path:
-    """A copy of the project's pyproject.toml, README.md (LICENSE) and
-    patches/ in `dest`: enough for the tool to read, lint and begin a build."""
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md", *(("LICENSE",) if licence else ())):
-        shutil.copy2(ROOT / name, dest / name)
-    shutil.copytree(ROOT / "patches", dest / "patches")
-    return dest
 
 
 @contextlib.contextmanager
@@ -268,16 +257,14 @@ def patch_of(repo: pathlib.Path, base: str, files: dict[str, str], message: str,
 
 def pin_series(project: pathlib.Path, dist: str, repo: pathlib.Path, pin: str, patches: list[pathlib.Path]) -> None:
     """Pin `dist` of the project copy to commit `pin` of `repo`, its series `patches` alone."""
-    from maxtext_rl_overlay.pins import set_pin_values
-
     series = project / "patches" / dist
     for old in series.glob("*.patch"):
         old.unlink()
     for patch in patches:
         shutil.copy2(patch, series / patch.name)
     (series / "series").write_text("".join(p.name + "\n" for p in patches))
-    set_pin_values(series / "pin.toml", {"repository": str(repo), "commit": pin, "tree": git(repo, "rev-parse", f"{pin}^{{tree}}"),
-                                         "date": git(repo, "log", "-1", "--format=%cI", pin)})
+    set_pin(project, dist, repository=str(repo), commit=pin, tree=git(repo, "rev-parse", f"{pin}^{{tree}}"),
+            date=git(repo, "log", "-1", "--format=%cI", pin))
 
 
 #: The code file of the small tpu-inference upstream below.
@@ -311,10 +298,7 @@ def small_project(tmp_path: pathlib.Path, repo: pathlib.Path, pin: str, patch: p
 def series_project(project: pathlib.Path, repo: pathlib.Path, pin: str, patches: list[pathlib.Path]) -> pathlib.Path:
     """A git-tracked copy of the project in `project`: tpu-inference pinned
     to `pin` of `repo`, its series `patches`."""
-    project.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "constraints.txt"):
-        shutil.copy2(ROOT / name, project / name)
-    shutil.copytree(ROOT / "patches", project / "patches")
+    project_copy(project, "constraints.txt", licence=True)
     pin_series(project, "tpu-inference", repo, pin, patches)
     git(project, "init", "-q", "-b", "main")
     commit_files(project, {}, "project copy", "2026-11-01T00:00:00+00:00")

@@ -32,8 +32,8 @@ from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
 from support.fixes.logprobs import COLLECTIVES, assert_same_result
-from support.fixes.matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K
-from support.fixes.meshes import make_mesh
+from support.fixes.matrix import AXIS_TYPES, DTYPES, TOP_K
+from support.fixes.meshes import make_mesh, mesh_ids
 from support.fixes.unpatched import load_unpatched
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
@@ -55,13 +55,6 @@ LAYOUTS = {
     "dp+model": (("data", "attn_dp", "model"), P("data", ("attn_dp", "model"))),
     "unsharded": (("data", "model"), P("data", None)),
 }
-
-
-@pytest.fixture(scope="module")
-def patched():
-    import importlib
-
-    return importlib.import_module(MODULE)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +217,7 @@ def test_unpatched_gather_logprobs_eager(upstream, patched, monkeypatch):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+@mesh_ids
 def test_unpatched_fails_explicit(upstream, mesh_shape, layout):
     mesh = layout_mesh(mesh_shape, layout, "explicit")
     _, spec = LAYOUTS[layout]
@@ -245,7 +238,7 @@ def test_unpatched_fails_explicit(upstream, mesh_shape, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+@mesh_ids
 @pytest.mark.parametrize("axis_type", AXIS_TYPES)
 def test_matches_single_device(patched, upstream, axis_type, mesh_shape, layout):
     mesh = layout_mesh(mesh_shape, layout, axis_type)

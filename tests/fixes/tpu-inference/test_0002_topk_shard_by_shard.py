@@ -31,8 +31,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from support.fixes.logprobs import assert_same_result, collective_bytes, collective_shapes
-from support.fixes.matrix import AXIS_TYPES, DTYPES, MESHES, TOP_K
-from support.fixes.meshes import make_mesh
+from support.fixes.matrix import AXIS_TYPES, DTYPES, TOP_K
+from support.fixes.meshes import make_mesh, mesh_ids
 from support.fixes.unpatched import load_before
 
 MODULE = "tpu_inference.layers.jax.sample.sampling"
@@ -47,11 +47,6 @@ LAYOUTS = {"model": P("data", "model"), "data+model": P(None, ("data", "model"))
 
 # --------------------------------------------------------------------------
 # Helpers
-
-
-@pytest.fixture(scope="module")
-def patched():
-    return importlib.import_module(MODULE)
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +125,7 @@ def largest_collective(compiled) -> int:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+@mesh_ids
 def test_matches_single_device(patched, reshard, mesh_shape, layout):
     mesh = make_mesh(mesh_shape)
     spec = LAYOUTS[layout]
@@ -177,7 +172,7 @@ def test_inputs_tie_across_shard_boundaries():
 # Where the shard-local top-k cannot apply, 0001's path runs unchanged.
 
 
-@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+@mesh_ids
 @pytest.mark.parametrize("axis_type", AXIS_TYPES)
 def test_fallback_is_reshard_path(patched, reshard, axis_type, mesh_shape):
     """Auto axes (types carry no sharding) and a single vocab shard: the same program as 0001."""

@@ -46,8 +46,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
-from support.fixes.matrix import MESHES
-from support.fixes.meshes import WSC_ASSERT, make_mesh
+from support.fixes.meshes import WSC_ASSERT, make_mesh, mesh_ids
 from support.fixes.unpatched import load_unpatched
 
 LINEAR = "tpu_inference.layers.common.linear"
@@ -173,7 +172,7 @@ def _linear_outputs(linear, mesh):
         return {name: np.asarray(thunk()) for name, (_, thunk) in _linear_sites(linear, mesh).items()}
 
 
-@pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
+@mesh_ids
 def test_linear_call_sites(modules, mesh_shape):
     patched, upstream = modules[LINEAR]
     # upstream fails at each variant of each site on its own

@@ -34,11 +34,10 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
-from support.fixes.matrix import AXIS_TYPES, MESHES
-from support.fixes.meshes import WSC_ASSERT, make_mesh
+from support.fixes.matrix import AXIS_TYPES
+from support.fixes.meshes import WSC_ASSERT, make_mesh, mesh_ids
 from support.fixes.sampling import (
     BSEARCH,
-    SAMPLING,
     SELECT_ERROR,
     TOP_K,
     TOP_P,
@@ -53,12 +52,6 @@ from support.fixes.sampling import (
 from support.fixes.unpatched import load_unpatched
 
 LAYERS = "tpu_inference.layers.jax.layers"
-mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
-
-
-@pytest.fixture(scope="module")
-def patched():
-    return importlib.import_module(SAMPLING)
 
 
 @pytest.fixture(scope="module")
@@ -272,8 +265,6 @@ def _layers_outputs(layers, mesh):
 
 
 def test_layers_call_sites_explicit():
-    import importlib
-
     patched_layers = importlib.import_module(LAYERS)
     upstream_layers = load_unpatched("tpu-inference", LAYERS)
     explicit = make_mesh((2, 4), "explicit", ("data", "model"))

@@ -18,7 +18,6 @@ axes is patch 0003's (test_0003_sample.py).
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import jax
@@ -29,8 +28,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
-from support.fixes.matrix import AXIS_TYPES, MESHES
-from support.fixes.meshes import WSC_ASSERT, make_mesh
+from support.fixes.matrix import AXIS_TYPES
+from support.fixes.meshes import WSC_ASSERT, make_mesh, mesh_ids
 from support.fixes.sampling import (
     BSEARCH,
     SAMPLING,
@@ -49,12 +48,6 @@ SELECT_WHICH = "select `which` must be scalar or have the same sharding as cases
 # replicated (device_array's default is P(None)), or P().
 METADATA_SPECS = {"attn_data": None, "replicated": P(None), "P()": P()}
 LOGITS_SPECS = {"vocab": P("data", "model"), "rows": P("data", None), "replicated": P()}
-mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
-
-
-@pytest.fixture(scope="module")
-def patched():
-    return importlib.import_module(SAMPLING)
 
 
 @pytest.fixture(scope="module")

@@ -26,21 +26,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from support.fixes.matrix import MESHES
-from support.fixes.runner import SHARD_MAP_SPECS, overlay_sampler, runner_mesh, upstream_sampler
-
-mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    return upstream_sampler()
-
-
-@pytest.fixture(scope="module")
-def overlay():
-    return overlay_sampler()
-
+from support.fixes.meshes import mesh_ids
+from support.fixes.runner import SHARD_MAP_SPECS, runner_mesh
 
 NUM_REQS = 8
 DRAFTS = 2  # per request: num_logits = 16, divisible by every data axis

@@ -31,13 +31,11 @@ from jax.sharding import PartitionSpec as P
 
 from support.fixes.logprobs import assert_same_result, collective_results
 from support.fixes.matrix import MESHES, TOP_K
+from support.fixes.meshes import mesh_ids
 from support.fixes.runner import overlay_sampler, runner_mesh, upstream_sampler
 
 B, V = 8, 1024
 KEYS = (0, 1, 2, 3)
-
-mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
-
 
 @pytest.fixture(scope="module")
 def upstream():

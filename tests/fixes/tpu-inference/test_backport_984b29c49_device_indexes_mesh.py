@@ -23,10 +23,10 @@ import inspect
 import pytest
 from jax.sharding import AxisType
 
-from support.fixes.matrix import DEVICES, MESHES
+from support.fixes.matrix import DEVICES
+from support.fixes.meshes import mesh_ids
 from support.fixes.runner import create_2d_mesh, overlay_runner, pin_runner
 
-mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
 # The order Tunix passes (its devices in order) and one no mesh helper would
 # choose: the given order is the point of device_indexes (#3089).
 ORDERS = {"in-order": list(range(DEVICES)), "permuted": [5, 2, 7, 0, 3, 6, 1, 4]}

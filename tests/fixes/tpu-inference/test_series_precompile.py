@@ -56,9 +56,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from support.fixes import maxtext_shims
-from support.fixes.matrix import AXIS_TYPES, MESHES
-from support.fixes.meshes import WSC_ASSERT
-from support.fixes.runner import SHARD_MAP_SPECS, overlay_sampler, runner_mesh, takes_the_runners_mesh, upstream_sampler
+from support.fixes.matrix import AXIS_TYPES
+from support.fixes.meshes import WSC_ASSERT, mesh_ids
+from support.fixes.runner import SHARD_MAP_SPECS, runner_mesh, takes_the_runners_mesh
 
 CM = "tpu_inference.runner.compilation_manager"
 VOCAB = 1000  # aligned up to the tensor-parallel size, as the runner does
@@ -72,7 +72,6 @@ TOP_K_SHARDED = "should be unsharded over the axis along which to compute the to
 SELECT_CASES = "select cases must have the same shardings"
 SAME_SHARDING = "All operands should have the same sharding"
 
-mesh_ids = pytest.mark.parametrize("mesh_shape", MESHES, ids=lambda m: "x".join(map(str, m)))
 axis_ids = pytest.mark.parametrize("axis_type", AXIS_TYPES)
 
 
@@ -123,16 +122,6 @@ def runner_like(mesh: jax.sharding.Mesh, rejection_sampler_cls) -> types.SimpleN
 
 # --------------------------------------------------------------------------
 # The code under test: upstream's modules or the installed overlay's.
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    return upstream_sampler()
-
-
-@pytest.fixture(scope="module")
-def overlay():
-    return overlay_sampler()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,363 @@
+"""Run MaxText 0.2.4's `train_rl` GRPO path on the installed stack and write
+down how far it got.
+
+Run by tests/fixes/test_train_rl.py in a process of its own (MaxText, vLLM and
+JAX set process-wide state, and a process that imported MaxText can hang at
+exit), with tests/ on PYTHONPATH:
+
+    python -m support.programs.train_rl_run RESULT.json --config NAME [--upstream] [--shims]
+
+It calls what MaxText's own integration test calls
+(tests/post_training/integration/single_host_train_rl_test.py at maxtext-v0.2.4,
+which names them `train_rl.X`; in the 0.2.4 release the first and third live in
+`model_creation_utils`, where `train_rl.rl_train` calls them):
+`setup_configs_and_devices`, `prepare_datasets`, `create_models_and_meshes`,
+`create_rl_components`, `evaluate`, `rl_trainer.train`, `evaluate`; and makes
+the same checks (reference parameters unchanged, actor parameters changed and
+different from the reference, evaluation metrics in range), plus:
+
+- the rollout engine got the trained weights: vLLM's prompt logprobs of one
+  fixed token sequence, before and after training, differ;
+- the engine runs with the logprobs settings Tunix's rollout passes
+  (`max_logprobs` 1, `logprobs_mode` from Tunix's RolloutConfig);
+- nothing in google-tunix, tpu-inference or vLLM was replaced at run time:
+  every function of their imported modules is the one its installed file
+  defines, and the jax.lax functions they call are jax's own
+  (support/fixes/replaced.py). The stand-ins this run itself installs on the
+  CPU (below) are listed, not hidden.
+
+Everything the run needs that MaxText's test downloads is made here
+(support/fixes/train_rl_inputs.py): a tiny byte-level BPE tokenizer trained
+on the prompts, a GSM8K-format dataset in local parquet files
+(`hf_train_files`, `hf_eval_files`), a tiny Qwen3 (MaxText's `qwen3-0.6b`
+with 2 layers, width 128; its HF config.json beside the tokenizer for vLLM),
+randomly initialised by MaxText (no checkpoint; its tied embedding scaled,
+`embedding_scale`), and a reward file (`reward_functions_path`) whose reward
+varies between the generations of a group, so that GRPO's advantages, hence
+the gradient, are not all zero for a random model.
+
+Configurations (MaxText's test's two):
+- `vllm_native`: vLLM runs its own Qwen3 (tpu-inference's JAX model), Tunix's
+  `device_indexes` give the runner the 2D ("data", "model") mesh;
+  weights sync through Tunix's `transfer_state_with_mappings`.
+- `maxtext_on_vllm`: vLLM runs `MaxTextForCausalLM` (MaxText's vLLM adapter)
+  with `NEW_MODEL_DESIGN=1`, as MaxText's test sets; weights sync through
+  Tunix's `transfer_state_directly`.
+
+`--shims`: MaxText's run-time shims active, as in a `train_rl` run (the Tunix
+adapter's jax.lax replacements from import on, `_tpu_inference_compat_patches`
+around the run). Without it, the adapter's replacements are undone right
+after MaxText is imported and the run is not wrapped.
+
+`--upstream`: google-tunix and tpu-inference as pinned, without the series:
+every installed file a patch touches is imported as upstream ships it
+(support/fixes/unpatched.py, `upstream_imports`).
+
+On the CPU simulation, stand-ins for what CPU devices lack (never on a TPU;
+support/fixes/train_rl_stand_ins.py): the devices' memory statistics (as
+engine_start.py), the TPU kernels in Pallas TPU interpret mode (the tool's
+maxtext_rl_overlay/smoke/pallas_interpret.py), and Tunix's weight sync
+entered as on a TPU, without the transfer guard it sets on other backends
+only (sync_weights_as_on_tpu). Each is recorded in RESULT.json under
+"stand_ins".
+
+RESULT.json: "steps" (each with its seconds, in order; the last one without
+"done" is where the run stopped), "stopped" (the exception, with the frames
+of installed packages), and "checks".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from support.fixes import train_rl_inputs, unpatched
+from support.fixes.matrix import PLATFORM, simulate_v6e_8
+from support.fixes.replaced import SNAPSHOTS, replaced_functions
+from support.fixes.train_rl_stand_ins import TRANSFER_GUARD_STAND_IN, cpu_stand_ins, sync_weights_as_on_tpu
+
+#: The run's process environment, set by main() before anything heavy is
+#: imported; never at import (a module's constants imported by the test
+#: process would leak it to its engine tests' children: a SKIP_JAX_PRECOMPILE
+#: there skips the precompilation they check).
+PROCESS_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
+    "VLLM_DISABLE_COMPILE_CACHE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # As MaxText's integration test sets them (NEW_MODEL_DESIGN only where its
+    # configuration needs it: see train_rl_inputs.CONFIGS).
+    "TPU_BACKEND_TYPE": "jax",
+    "SKIP_JAX_PRECOMPILE": "1",
+    "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
+}
+
+PROBE = [1, 17, 33, 49, 65, 81, 97, 113, 129, 145, 161, 177]  # token ids, any fixed sequence
+
+
+class Run:
+    """RESULT.json, written again at each step's start and end, so that a
+    run killed past its bound still says which step it was in."""
+
+    def __init__(self, out: pathlib.Path, args: argparse.Namespace):
+        self.out = out
+        self.result: dict = {"config": args.config, "upstream": args.upstream, "shims": args.shims,
+                             "platform": PLATFORM, "steps": [], "checks": {}, "stand_ins": []}
+        #: What the CPU stand-ins replace: the replaced-functions check reports them apart.
+        self.stood_in: set[str] = set()
+
+    def write(self) -> None:
+        self.out.write_text(json.dumps(self.result, indent=1, default=str))
+
+    @contextlib.contextmanager
+    def step(self, name: str):
+        began = time.monotonic()
+        entry: dict = {"step": name}
+        self.result["steps"].append(entry)
+        self.write()
+        print(f"[train_rl_run] step {name}", file=sys.stderr, flush=True)
+        done = False
+        try:
+            yield entry
+            done = True
+        finally:
+            entry["seconds"] = round(time.monotonic() - began, 1)
+            if done:
+                entry["done"] = True
+            self.write()
+
+    def replaced(self) -> dict[str, list[str]]:
+        return replaced_functions(self.stood_in)
+
+
+@dataclass
+class Trainer:
+    """What train_rl's set-up made, as the later steps use it."""
+
+    config: Any  # the trainer's MaxText config
+    train_dataset: Any
+    test_dataset: Any
+    actor: Any
+    reference: Any
+    cluster: Any  # Tunix's RLCluster
+    trainer: Any
+    reward_fns: Any
+
+    def evaluate(self) -> list:
+        from maxtext.trainers.post_train.rl import evaluate_rl
+
+        c = self.config
+        return list(evaluate_rl.evaluate(c, self.test_dataset, rl_cluster=self.cluster, num_passes=c.num_eval_passes,
+                                         corr_lst=c.eval_corr_lst, make_lst=c.eval_make_lst, reward_fns=self.reward_fns)[0])
+
+    def host_params(self, model) -> Any:
+        """Host copies: the sync may hand these very buffers to the engine,
+        which deletes them when the next sync replaces them (maxtext_on_vllm)."""
+        import jax
+        import numpy as np
+        from flax import nnx
+
+        return jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.base, nnx.Param)))
+
+
+class TimedSync:
+    """RLCluster.sync_weights, timed: each GRPO step ends with it (the trained
+    weights into the rollout engine), so the time from the training's start,
+    then from the last sync, is each step's (read on this one object: the
+    class is left as it is)."""
+
+    def __init__(self, run: Run, sync_weights, seconds: list[float]):
+        self.run, self.sync_weights, self.seconds = run, sync_weights, seconds
+        self.began = time.monotonic()
+
+    def start(self) -> None:
+        self.began = time.monotonic()
+
+    def __call__(self) -> None:
+        self.sync_weights()
+        self.seconds.append(round(time.monotonic() - self.began, 1))
+        self.began = time.monotonic()
+        self.run.write()
+
+
+def prompt_logprobs(rollout) -> list[float]:
+    """vLLM's logprob of each token of PROBE after the first, as the engine
+    computes it with its current weights."""
+    from vllm import SamplingParams
+
+    llm = rollout._sampler.llm
+    out = llm.generate([{"prompt_token_ids": PROBE}],
+                       SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False), use_tqdm=False)
+    values = []
+    for token, entry in zip(PROBE[1:], out[0].prompt_logprobs[1:], strict=True):
+        values.append(float(entry[token].logprob))
+    return values
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("result", type=pathlib.Path)
+    parser.add_argument("--config", choices=sorted(train_rl_inputs.CONFIGS), required=True)
+    parser.add_argument("--upstream", action="store_true")
+    parser.add_argument("--shims", action="store_true")
+    args = parser.parse_args()
+    simulate_v6e_8()  # before jax is imported
+    os.environ.update(PROCESS_ENV)
+    run = Run(args.result, args)
+    os.environ.update(train_rl_inputs.CONFIGS[args.config]["env"])
+    if args.upstream:
+        from support.fixes.unpatched import upstream_imports
+
+        run.result["upstream_modules"] = upstream_imports(("google-tunix", "tpu-inference"))
+    sys.meta_path.insert(0, SNAPSHOTS)  # before any upstream module is imported (it delegates to the finders after it)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="train-rl-"))
+    try:
+        drive(run, args, work)
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        run.result["stopped"] = {"type": f"{type(error).__module__}.{type(error).__qualname__}",
+                                 "message": str(error)[:3000], "frames": unpatched.traceback_frames(error, "upstream")}
+        traceback.print_exc()
+    run.write()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # a process that imported MaxText can hang in its atexit hooks
+
+
+def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
+    """MaxText's test's calls, each a step of RESULT.json, and the checks."""
+    checks = run.result["checks"]
+    with run.step("import"):
+        import_maxtext(run, args.shims)
+    with run.step("inputs"):
+        inputs = train_rl_inputs.make_inputs(work, args.config)
+    argv = train_rl_inputs.argv_for(args.config, work, inputs)
+    run.result["argv"] = argv[2:]
+    from maxtext.trainers.post_train.rl import train_rl
+
+    with train_rl._tpu_inference_compat_patches() if args.shims else contextlib.nullcontext():
+        t = set_up(run, args.config, argv)
+        checks["replaced_after_engine_start"] = run.replaced()
+        rollout = t.cluster.rollout
+        with run.step("evaluate_before"):
+            from flax import nnx
+
+            rollout.update_params(nnx.state(t.actor, nnx.Param))  # as rl_train does before its first evaluation
+            checks["metrics_before"] = t.evaluate()
+        with run.step("probe_before"):
+            checks["probe_before"] = prompt_logprobs(rollout)
+        train(run, t)
+        with run.step("probe_after"):
+            checks["probe_after"] = prompt_logprobs(rollout)
+        with run.step("evaluate_after"):
+            checks["metrics_after"] = t.evaluate()
+    run.result["finished"] = True
+
+
+def import_maxtext(run: Run, shims: bool) -> None:
+    """MaxText and what the run calls; without `shims`, what importing
+    MaxText's Tunix adapter replaced in jax.lax put back. Then the CPU stand-ins."""
+    import jax
+
+    original_lax = (jax.lax.with_sharding_constraint, jax.lax.top_k)
+    import numpy as np  # noqa: F401 - all imported in this step: its seconds are the imports'
+    from flax import nnx  # noqa: F401
+    from maxtext.configs import types  # noqa: F401
+    from maxtext.trainers.post_train.rl import evaluate_rl, train_rl  # noqa: F401
+    from maxtext.utils import model_creation_utils  # noqa: F401
+    from transformers import AutoTokenizer  # noqa: F401
+
+    run.result["adapter_replaced_jax_lax"] = (jax.lax.with_sharding_constraint, jax.lax.top_k) != original_lax
+    if not shims:  # undo what importing MaxText's Tunix adapter did
+        jax.lax.with_sharding_constraint, jax.lax.top_k = original_lax
+    cpu_stand_ins(run.result["stand_ins"], run.stood_in)
+
+
+def set_up(run: Run, config: str, argv: list[str]) -> Trainer:
+    """train_rl's set-up, as MaxText's test calls it: the configs, the
+    datasets, the models and meshes, then the RL components (which start
+    vLLM and sync the actor's weights into it). Records the rollout engine's
+    mesh and logprobs settings."""
+    from maxtext.configs import types
+    from maxtext.trainers.post_train.rl import train_rl
+    from maxtext.utils import model_creation_utils
+    from transformers import AutoTokenizer
+
+    with run.step("setup_configs_and_devices"):
+        trainer_config, sampler_config, trainer_devices, sampler_devices = model_creation_utils.setup_configs_and_devices(
+            argv, config_class=types.RLConfig)
+        model_tokenizer = AutoTokenizer.from_pretrained(trainer_config.tokenizer_path)
+    with run.step("prepare_datasets"):
+        train_dataset, test_dataset = train_rl.prepare_datasets(trainer_config, model_tokenizer)
+    with run.step("create_models_and_meshes"):
+        reference_model, reference_mesh, actor_model, actor_mesh, rollout_mesh = model_creation_utils.create_models_and_meshes(
+            trainer_config, sampler_config, trainer_devices, sampler_devices, tokenizer_pad_id=model_tokenizer.pad_token_id)
+    scale = train_rl_inputs.CONFIGS[config].get("embedding_scale")
+    if scale:  # both models: the reference stays the actor's initial state
+        for model in (reference_model, actor_model):
+            embedding = model.base.token_embedder.embedding
+            embedding.value = embedding.value * scale
+        run.result["embedding_scale"] = scale
+    with run.step("create_rl_components"):  # starts vLLM and syncs the actor's weights into it
+        rl_cluster, rl_trainer, _, reward_fns = train_rl.create_rl_components(
+            trainer_config, sampler_config, sampler_devices, actor_model, actor_mesh,
+            reference_model, reference_mesh, rollout_mesh, model_tokenizer)
+    runner = rl_cluster.rollout._sampler._model_runner
+    model_config = rl_cluster.rollout._sampler.llm.llm_engine.model_config
+    run.result["rollout"] = {
+        "mesh": {"shape": dict(runner.mesh.shape), "axis_types": [str(t) for t in runner.mesh.axis_types]},
+        "requested_logprobs_mode": getattr(rl_cluster.cluster_config.rollout_config, "rollout_vllm_logprobs_mode", None),
+        "max_logprobs": model_config.max_logprobs,
+        "logprobs_mode": str(model_config.logprobs_mode),
+        "architecture": type(runner.model).__name__ if hasattr(runner, "model") else None,
+    }
+    return Trainer(trainer_config, train_dataset, test_dataset, actor_model, reference_model, rl_cluster, rl_trainer, reward_fns)
+
+
+def train(run: Run, t: Trainer) -> None:
+    """The GRPO steps (rl_trainer.train), each step's seconds read at its
+    weight sync, the sync entered as on a TPU; then MaxText's test's
+    parameter checks, made even where training stops (after the actor's
+    update, in the weight sync), to show how far it got."""
+    import jax
+    import numpy as np
+
+    actor_initial, ref_initial = t.host_params(t.actor), t.host_params(t.reference)
+    grpo_steps: list[float] = run.result.setdefault("grpo_step_seconds", [])
+    guards: list[str] = run.result.setdefault("transfer_guards_as_on_tpu", [])
+    timed = TimedSync(run, sync_weights_as_on_tpu(t.cluster.sync_weights, guards), grpo_steps)
+    if PLATFORM == "cpu":
+        run.result["stand_ins"].append(TRANSFER_GUARD_STAND_IN)
+    t.cluster.sync_weights = timed
+
+    def compare_parameters():
+        checks = run.result["checks"]
+        actor_final, ref_final = t.host_params(t.actor), t.host_params(t.reference)
+        same = lambda a, b: bool(jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, a, b)))  # noqa: E731
+        checks["reference_unchanged"] = same(ref_initial, ref_final)
+        checks["actor_changed"] = not same(actor_initial, actor_final)
+        checks["actor_differs_from_reference"] = not same(ref_final, actor_final)
+        checks["replaced_after_train"] = run.replaced()
+        run.result["global_steps"] = t.cluster.global_steps
+
+    try:
+        with run.step("train"):
+            timed.start()
+            t.trainer.train(t.train_dataset)
+    finally:
+        with contextlib.suppress(Exception):
+            with jax.transfer_guard("allow"):
+                compare_parameters()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
