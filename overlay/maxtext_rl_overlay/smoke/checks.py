@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from . import tiny_llama
+from .protocol import Generate
 
 #: The sampled batch: the greedy reference prompts (temperature 0) in one
 #: batch with SAMPLED_ROWS requests on one prompt, sampled as train_rl's
@@ -36,14 +37,14 @@ BOUNDARY = {"cpu": (1e-3, 1e-3), "tpu": (5e-2, 2e-2)}
 MISS_BOUND = 1e-6
 
 
-def generates() -> list[tuple[str, list[list[int]], Any]]:
-    """(name, prompts, SamplingParams kwargs: one dict, or one per prompt), run in this order."""
+def generates() -> list[Generate]:
+    """The generates the engine runs on the first model, in this order."""
     greedy = {"temperature": 0.0, "max_tokens": tiny_llama.REFERENCE_TOKENS}
     sampled = dict(SAMPLED, max_tokens=SAMPLED_TOKENS, ignore_eos=True)
     return [
-        ("greedy", tiny_llama.REFERENCE_PROMPTS, greedy),
-        ("sampled", tiny_llama.REFERENCE_PROMPTS + [SAMPLED_PROMPT] * SAMPLED_ROWS,
-         [greedy] * len(tiny_llama.REFERENCE_PROMPTS) + [sampled] * SAMPLED_ROWS),
+        Generate("greedy", tiny_llama.REFERENCE_PROMPTS, greedy),
+        Generate("sampled", tiny_llama.REFERENCE_PROMPTS + [SAMPLED_PROMPT] * SAMPLED_ROWS,
+                 [greedy] * len(tiny_llama.REFERENCE_PROMPTS) + [sampled] * SAMPLED_ROWS),
     ]
 
 
@@ -53,9 +54,9 @@ def split_sampled(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
     return rows[:n], rows[n:]
 
 
-def after_sync() -> list[tuple[str, list[list[int]], Any]]:
+def after_sync() -> list[Generate]:
     """The generates run after the second model is synced into the engine."""
-    return [("synced", tiny_llama.REFERENCE_PROMPTS, {"temperature": 0.0, "max_tokens": tiny_llama.REFERENCE_TOKENS})]
+    return [Generate("synced", tiny_llama.REFERENCE_PROMPTS, {"temperature": 0.0, "max_tokens": tiny_llama.REFERENCE_TOKENS})]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,21 +3,25 @@ start sets process-wide state: jax's devices, vLLM's distributed groups):
 
     python -m maxtext_rl_overlay.smoke.engine REQUEST.json RESULT.json
 
-REQUEST.json (written by run.py) names the configuration, the checkpoint,
-whether this is the CPU simulation, the generates to run, and the second
-model to sync into the engine (sync.py) with the generates to run after it;
-RESULT.json gets the seconds of the engine start, of each generate and of
-the sync, each generate's tokens and logprobs, the programs compiled in
-each step (count and seconds), the mesh the runner built,
-or the exception that stopped the engine and the step it was in. While it runs, the step it is in
-is kept beside RESULT.json (progress_file): a run stopped at its timeout is
-reported with that step.
+REQUEST.json (a `Request`, written by run.py) names the configuration
+(configurations.py), the checkpoint, whether this is the CPU simulation,
+the generates to run, and the second model to sync into the engine with the
+generates to run after it. RESULT.json (a `Result`) gets the seconds of the
+engine start, of each generate and of the sync, each generate's tokens and
+logprobs, the programs compiled in each step (count and seconds), the mesh
+the runner built, or the exception that stopped the engine and the step it
+was in. While it runs, the step it is in is kept beside RESULT.json
+(progress_file): a run stopped at its timeout is reported with that step.
 
 vLLM's `LLM` starts in this process (no engine-core subprocess), on all of
 the machine's chips, as train_rl's rollout configures it (llm_kwargs):
 tensor parallelism over the chips, `max_logprobs=1` and
-`logprobs_mode="processed_logprobs"`, in one of the configurations of
-`configuration`.
+`logprobs_mode="processed_logprobs"`.
+
+`Engine` is that process's engine, in hooks another program can run with
+its own recorders around them (the tests' engine start does): `prepare`
+(the environment, before jax), `load` (jax, the stand-ins, the recorders of
+the compiles and the mesh), `start`, `generate`, `sync`, and `at`, the step.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ import time
 import traceback
 from typing import Any
 
+from . import configurations
+from .configurations import EngineConfiguration
+from .protocol import DONE, Generate, Request, Result, SecondModel, progress_file
+
 #: The engine process's environment, set before jax is imported.
 PROCESS_ENV = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process
@@ -40,10 +48,6 @@ PROCESS_ENV = {
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
 SEED = 1234
-#: The configurations' names (`configuration`): vLLM's Llama on Tunix's mesh,
-#: and MaxText's model as train_rl's maxtext_on_vllm runs it.
-LLAMA = "llama-device-indexes"
-MAXTEXT = "maxtext-new-model-design"
 
 
 def llm_kwargs(checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any], hf_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -67,118 +71,135 @@ def llm_kwargs(checkpoint: pathlib.Path, devices: int, additional_config: dict[s
     )
 
 
-def device_indexes_config(devices: int) -> dict[str, Any]:
-    """Tunix's rollout sharding: every chip named by `device_indexes`."""
-    return {"sharding": {"sharding_strategy": {"device_indexes": list(range(devices))}}}
+class Engine:
+    """vLLM's engine in this process, in one configuration, and its Result."""
 
+    def __init__(self, configuration: EngineConfiguration, checkpoint: pathlib.Path, cpu_simulation: bool, result_path: pathlib.Path) -> None:
+        self.configuration, self.checkpoint, self.cpu_simulation = configuration, checkpoint, cpu_simulation
+        self.result = Result(configuration.name)
+        self.result_path, self.progress = result_path, progress_file(result_path)
+        self.additional_config: dict[str, Any] = {}
+        self.llm: Any = None
 
-def configuration(name: str, checkpoint: pathlib.Path, devices: int) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
-    """(environment, additional_config, hf_overrides) of a smoke configuration:
-    - llama-device-indexes: vLLM's Llama on Tunix's device_indexes 2D mesh;
-    - maxtext-new-model-design: MaxText's model, as train_rl's
-      maxtext_on_vllm runs it (MaxTextForCausalLM, NEW_MODEL_DESIGN=1: the
-      7-axis mesh; its weights restored by the adapter's own load_weights)."""
-    if name == LLAMA:
-        return {}, device_indexes_config(devices), {}
-    if name == MAXTEXT:
-        from .maxtext_model import engine_additional_config
+    def at(self, step: str, **detail: Any) -> None:
+        """The step hook: the run is in `step` now (kept on disk with `detail`)."""
+        self.result.step = step
+        self.progress.write_text(json.dumps({"step": step, **detail}))
 
-        return {"NEW_MODEL_DESIGN": "1"}, engine_additional_config(checkpoint), {"architectures": ["MaxTextForCausalLM"]}
-    raise ValueError(f"unknown smoke configuration {name!r}")
+    def prepare(self) -> None:
+        """The process's environment: set before jax is imported."""
+        if self.cpu_simulation:
+            from .cpu_simulation import simulate_v6e_8
 
+            simulate_v6e_8()
+        os.environ.update(PROCESS_ENV)
 
-def progress_file(result: pathlib.Path) -> pathlib.Path:
-    """Where a run keeps the step it is in, beside its result."""
-    return result.with_name(result.stem + ".progress.json")
+    def load(self) -> None:
+        """jax, with a recorder of the programs compiled in each step; the
+        configuration's environment, the CPU simulation's stand-ins, and a
+        recorder of the runner's mesh, before tpu_inference is imported."""
+        self.at("importing jax, vLLM and tpu-inference")
+        import jax
+
+        # What an engine start costs on a chip is mostly these (a TPU compiles
+        # what the CPU simulation interprets).
+        compiles = self.result.compiles
+
+        def compiled(event: str, seconds: float, **_: Any) -> None:
+            if event == COMPILE_EVENT:
+                count, total = compiles.get(self.result.step, (0, 0.0))
+                compiles[self.result.step] = (count + 1, round(total + seconds, 3))
+
+        jax.monitoring.register_event_duration_secs_listener(compiled)
+        self.result.chips, self.result.platform = jax.device_count(), jax.default_backend()
+        self.additional_config = self.configuration.additional_config(self.checkpoint, self.result.chips)
+        os.environ.update(self.configuration.environment)
+        if self.cpu_simulation:
+            from . import pallas_interpret
+
+            self.result.stand_ins = [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
+            count_live_arrays_as_memory()
+            self.result.stand_ins.append("memory statistics: live arrays' bytes against 1 GiB a device")
+        from tpu_inference.runner.tpu_runner import TPUModelRunner
+
+        init_mesh = TPUModelRunner._init_mesh
+
+        def recording_init_mesh(runner: Any) -> None:
+            init_mesh(runner)
+            self.result.mesh = {name: int(size) for name, size in runner.mesh.shape.items()}
+
+        TPUModelRunner._init_mesh = recording_init_mesh
+        import vllm  # noqa: F401 - imported here: a stack that fails to import is the process's death, not a stopped engine
+
+    def start(self) -> None:
+        from vllm import LLM
+
+        self.at("engine start")
+        began = time.monotonic()
+        kwargs = llm_kwargs(self.checkpoint, self.result.chips, self.additional_config, dict(self.configuration.overrides))
+        self.llm = LLM(**(kwargs | dict(self.configuration.llm_args)))
+        self.result.seconds["engine_start"] = round(time.monotonic() - began, 2)
+
+    def generate(self, generate: Generate) -> None:
+        from vllm import SamplingParams
+
+        self.at(f"generate {generate.name}")
+        began = time.monotonic()
+        params = generate.params
+        sampling = [SamplingParams(**p, logprobs=1, detokenize=False) for p in params] if isinstance(params, list) \
+            else SamplingParams(**params, logprobs=1, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in generate.prompts], sampling, use_tqdm=False)
+        self.result.seconds[generate.name] = round(time.monotonic() - began, 2)
+        self.result.generates[generate.name] = [
+            {
+                "tokens": list(o.outputs[0].token_ids),
+                "logprobs": [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)],
+            }
+            for o in outputs
+        ]
+
+    def sync(self, checkpoint: pathlib.Path) -> None:
+        """The second model at `checkpoint` into the running engine, by the configuration's sync."""
+        sync = self.configuration.sync
+        if sync is None:
+            raise ValueError(f"{self.configuration.name} syncs no second model")
+        self.at("weight sync")
+        began = time.monotonic()
+        sync.run(self.llm, checkpoint, self.result.chips, self.additional_config)
+        self.result.sync_path = sync.path
+        self.result.seconds["sync"] = round(time.monotonic() - began, 2)
+
+    def serve(self, generates: list[Generate], second: SecondModel | None = None) -> Exception | None:
+        """Starts the engine, runs the generates, then syncs the second model
+        and runs its generates; returns the exception that stopped it (in
+        Result.stopped too, the step it was in in Result.step), if one did."""
+        try:
+            self.start()
+            for generate in generates:
+                self.generate(generate)
+            if second is not None:
+                self.sync(pathlib.Path(second.checkpoint))
+                for generate in second.generates:
+                    self.generate(generate)
+            self.result.step = DONE
+            return None
+        except Exception as error:  # noqa: BLE001 - reported by the parent, with the step it stopped in
+            self.result.stopped = f"{type(error).__name__}: {str(error)[:1000]}"
+            traceback.print_exc()
+            return error
+
+    def write(self, **more: Any) -> None:
+        """RESULT.json: the Result, and what `more` adds beside it."""
+        self.result_path.write_text(json.dumps({**self.result.as_json(), **more}, indent=1))
 
 
 def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
-    request = json.loads(request_path.read_text())
-    if request["cpu_simulation"]:
-        from .cpu_simulation import simulate_v6e_8
-
-        simulate_v6e_8()  # before jax is imported
-    os.environ.update(PROCESS_ENV)
-    checkpoint = pathlib.Path(request["checkpoint"])
-    result: dict[str, Any] = {"config": request["config"], "seconds": {}, "generates": {}, "stand_ins": []}
-    progress = progress_file(result_path)
-
-    def at(step: str) -> None:
-        result["step"] = step
-        progress.write_text(json.dumps({"step": step}))
-
-    at("importing jax, vLLM and tpu-inference")
-    import jax
-
-    # The programs XLA compiles in each step and their seconds: what an engine
-    # start costs on a chip is mostly these (a TPU compiles what the CPU
-    # simulation interprets).
-    result["compiles"] = {}
-
-    def compiled(event: str, seconds: float, **_: Any) -> None:
-        if event == COMPILE_EVENT:
-            count, total = result["compiles"].get(result["step"], (0, 0.0))
-            result["compiles"][result["step"]] = (count + 1, round(total + seconds, 3))
-
-    jax.monitoring.register_event_duration_secs_listener(compiled)
-    result["chips"] = jax.device_count()
-    result["platform"] = jax.default_backend()
-    env, additional_config, hf_overrides = configuration(request["config"], checkpoint, result["chips"])
-    os.environ.update(env)  # before tpu_inference is imported
-    if request["cpu_simulation"]:
-        from . import pallas_interpret
-
-        result["stand_ins"] = [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
-        count_live_arrays_as_memory()
-        result["stand_ins"].append("memory statistics: live arrays' bytes against 1 GiB a device")
-    from tpu_inference.runner.tpu_runner import TPUModelRunner
-    from vllm import LLM, SamplingParams
-
-    init_mesh = TPUModelRunner._init_mesh
-
-    def recording_init_mesh(self: Any) -> None:
-        init_mesh(self)
-        result["mesh"] = {name: int(size) for name, size in self.mesh.shape.items()}
-
-    TPUModelRunner._init_mesh = recording_init_mesh
-    try:
-        at("engine start")
-        began = time.monotonic()
-        llm = LLM(**llm_kwargs(checkpoint, result["chips"], additional_config, hf_overrides))
-        result["seconds"]["engine_start"] = round(time.monotonic() - began, 2)
-
-        def generate(name: str, prompts: list[list[int]], params: dict[str, Any] | list[dict[str, Any]]) -> None:
-            at(f"generate {name}")
-            began = time.monotonic()
-            # One batch: a list gives each prompt its own settings (greedy rows beside sampled ones).
-            sampling = [SamplingParams(**p, logprobs=1, detokenize=False) for p in params] if isinstance(params, list) \
-                else SamplingParams(**params, logprobs=1, detokenize=False)
-            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False)
-            result["seconds"][name] = round(time.monotonic() - began, 2)
-            result["generates"][name] = [
-                {
-                    "tokens": list(o.outputs[0].token_ids),
-                    "logprobs": [lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs, strict=True)],
-                }
-                for o in outputs
-            ]
-
-        for name, prompts, params in request["generates"]:
-            generate(name, prompts, params)
-        if request.get("sync"):
-            from .sync import sync_second_model
-
-            at("weight sync")
-            began = time.monotonic()
-            result["sync_path"] = sync_second_model(llm, request["config"], pathlib.Path(request["sync"]["checkpoint"]), result["chips"], additional_config)
-            result["seconds"]["sync"] = round(time.monotonic() - began, 2)
-            for name, prompts, params in request["sync"]["generates"]:
-                generate(name, prompts, params)
-        result["step"] = "done"
-    except Exception as error:  # noqa: BLE001 - reported by run.py, with the step it stopped in
-        result["stopped"] = f"{type(error).__name__}: {str(error)[:1000]}"
-        traceback.print_exc()
-    result_path.write_text(json.dumps(result, indent=1))
+    request = Request.from_json(request_path.read_text())
+    engine = Engine(configurations.named(request.config), pathlib.Path(request.checkpoint), request.cpu_simulation, result_path)
+    engine.prepare()
+    engine.load()
+    engine.serve(request.generates, request.sync)
+    engine.write()
     return 0
 
 

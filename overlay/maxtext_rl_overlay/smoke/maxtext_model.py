@@ -58,7 +58,7 @@ def configs_dir() -> str:
 #
 # A tiny qwen3-0.6b (MaxText's RL test's model) for MaxTextForCausalLM in the
 # engine (tests/fixes/tpu-inference/test_series_engine_start.py) and for
-# train_rl's rollouts (support/fixes/train_rl_run.py). 8 heads and a
+# train_rl's rollouts (support/programs/train_rl_run.py). 8 heads and a
 # vocabulary of 1024 split evenly over the 8 devices; heads of 128 as in the
 # real models: tpu-inference pads smaller heads to 128, which Tunix's sync
 # refuses for MaxText's attention-output kernel ("Padding/repetition only

@@ -19,19 +19,15 @@ from typing import Any
 from .. import proc, staging
 from ..errors import CheckFailed, ExitCode, OverlayError
 from ..progress import step
-from . import checks, engine, maxtext_model, tiny_llama
+from . import checks, configurations, maxtext_model, tiny_llama
 from .checks import Check
+from .configurations import EngineConfiguration
 from .cpu_simulation import NOTICE
+from .protocol import Request, Result, SecondModel, step_of
 
 #: What smoke needs: the engine, Tunix (the weight sync) and the reference (transformers on CPU torch).
 NEEDED = {"jax": "jax", "vllm": "vllm", "tpu_inference": "tpu-inference", "tunix": "google-tunix", "torch": "torch",
           "transformers": "transformers"}
-#: The configurations smoke runs: name -> what it is (engine.configuration).
-CONFIGURATIONS = {
-    engine.LLAMA: "vLLM's Llama on Tunix's device_indexes 2D mesh",
-    engine.MAXTEXT: "MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
-}
-
 
 #: What a broken install shows first, imported each alone in a fresh process
 #: before any work: the reference's torch and transformers, and jax.
@@ -123,7 +119,7 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
         # Llama's engine holds the chips: off the critical path.
         maxtext = _MaxTextReference(opts, work) if importlib.util.find_spec("maxtext") is not None else None
         if maxtext is None:
-            report.skipped[engine.MAXTEXT] = "maxtext not installed"
+            report.skipped[configurations.MAXTEXT.name] = "maxtext not installed"
         try:
             with step("smoke", "making two tiny Llamas here (the engine's, the one synced into it) and transformers' greedy reference on each"):
                 first = tiny_llama.write_checkpoint(work / "tiny-llama-first", tiny_llama.SEEDS[0])
@@ -132,7 +128,7 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
                     tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
                 )
             report.configurations.append(
-                _configuration(opts, engine.LLAMA, work, (first, first_reference), (second, second_reference), "transformers",
+                _configuration(opts, configurations.LLAMA, work, (first, first_reference), (second, second_reference),
                                lambda rows: tiny_llama.reference_logits(first, checks.SAMPLED_PROMPT, rows))
             )
             if maxtext is not None:
@@ -150,14 +146,14 @@ class _MaxTextReference:
     MaxText's configuration comes; the same process then gives MaxText's
     logits at the engine's sampled draws (`logits`)."""
 
-    NAME = engine.MAXTEXT
+    NAME = configurations.MAXTEXT.name
 
     def __init__(self, opts: SmokeOptions, work: pathlib.Path) -> None:
         self.folder, self.log = work / "tiny-maxtext", work / "maxtext-reference.log"
         self.began = time.monotonic()
         step.note("smoke", f"{self.NAME}: making MaxText's tiny qwen3s and MaxText's own greedy references on the host CPU, in the background")
         # It waits for the sampled rows for at most every engine's timeout, and not past smoke.
-        waits = opts.timeout * (len(CONFIGURATIONS) + 1)
+        waits = opts.timeout * (len(configurations.SMOKE) + 1)
         self.child = proc.start([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder), str(waits)],
                                 what=f"{self.NAME}: making MaxText's references", output=self.log)
 
@@ -207,7 +203,7 @@ def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path, maxtext: _Max
         return Configuration(name, checks=[Check("reference made", False, failed)])
     second = folder / maxtext_model.SECOND
     first, synced = ((where, json.loads((where / "reference.json").read_text())) for where in (folder, second))
-    return _configuration(opts, name, work, first, synced, "MaxText's own forward",
+    return _configuration(opts, configurations.MAXTEXT, work, first, synced,
                           lambda rows: maxtext.logits(checks.SAMPLED_PROMPT, rows, opts.timeout))
 
 
@@ -253,24 +249,18 @@ Model = tuple[pathlib.Path, list[dict[str, Any]]]  # a checkpoint and its greedy
 Scorer = Callable[[list[list[int]]], "list[list[list[float]]] | str"]
 
 
-def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, first: Model, second: Model, by: str, score: Scorer) -> Configuration:
+def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work: pathlib.Path, first: Model, second: Model,
+                   score: Scorer) -> Configuration:
     """The engine started on `first`, its generates checked against `first`'s
     reference (`score` gives the reference's logits at the sampled draws);
     then `second` synced into it and checked against its own."""
     (checkpoint, reference), (second_checkpoint, second_reference) = first, second
+    name, by = configuration.name, configuration.reference
     config = Configuration(name)
     request = work / f"{name}.request.json"
     result_path = work / f"{name}.result.json"
     request.write_text(
-        json.dumps(
-            {
-                "config": name,
-                "checkpoint": str(checkpoint),
-                "cpu_simulation": opts.cpu_simulation,
-                "generates": checks.generates(),
-                "sync": {"checkpoint": str(second_checkpoint), "generates": checks.after_sync()},
-            }
-        )
+        Request(name, str(checkpoint), opts.cpu_simulation, checks.generates(), SecondModel(str(second_checkpoint), checks.after_sync())).to_json()
     )
     with step("smoke", f"{name}: starting the engine on all chips, generating, syncing the second model, generating"):
         try:
@@ -281,41 +271,32 @@ def _configuration(opts: SmokeOptions, name: str, work: pathlib.Path, first: Mod
                 what=f"the {name} engine",
             )
         except OverlayError:  # past the timeout: the process is stopped
-            config.checks.append(Check("engine ran", False, f"no result within {opts.timeout:.0f} s; it was in: {_step(result_path)}"))
+            config.checks.append(Check("engine ran", False, f"no result within {opts.timeout:.0f} s; it was in: {step_of(result_path)}"))
             return config
     if not result_path.is_file():
         tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        config.checks.append(Check("engine ran", False, f"the engine process died in: {_step(result_path)} ({tail})"))
+        config.checks.append(Check("engine ran", False, f"the engine process died in: {step_of(result_path)} ({tail})"))
         return config
-    result = json.loads(result_path.read_text())
-    config.chips, config.mesh, config.stand_ins = result.get("chips", 0), result.get("mesh", {}), result.get("stand_ins", [])
-    config.seconds, config.compiles = result["seconds"], result.get("compiles", {})
-    generated = set(result["generates"])
-    if "stopped" in result and not {"greedy", "sampled"} <= generated:
-        config.checks.append(Check("engine ran", False, f"stopped in {result['step']}: {result['stopped']}"))
+    result = Result.from_json(result_path.read_text())
+    config.chips, config.mesh, config.stand_ins = result.chips, result.mesh, result.stand_ins
+    config.seconds, config.compiles = result.seconds, result.compiles
+    if result.stopped is not None and not {"greedy", "sampled"} <= set(result.generates):
+        config.checks.append(Check("engine ran", False, f"stopped in {result.step}: {result.stopped}"))
         return config
-    config.evidence = {"engine": result["generates"], "reference": reference, "second_reference": second_reference}
+    config.evidence = {"engine": result.generates, "reference": reference, "second_reference": second_reference}
     config.checks.append(Check("engine ran", True, f"mesh {config.mesh}"))
-    config.checks += checks.greedy(result["generates"]["greedy"], reference, result["platform"], by)
-    config.sync_path = result.get("sync_path", "")
-    greedy_rows, rows = checks.split_sampled(result["generates"]["sampled"])
-    config.checks += checks.greedy(greedy_rows, reference, result["platform"], by, what="sampled batch's greedy")
+    config.checks += checks.greedy(result.generates["greedy"], reference, result.platform, by)
+    config.sync_path = result.sync_path or ""
+    greedy_rows, rows = checks.split_sampled(result.generates["sampled"])
+    config.checks += checks.greedy(greedy_rows, reference, result.platform, by, what="sampled batch's greedy")
     with step("smoke", f"{name}: {by} at each sampled draw"):
         logits = score([r["tokens"] for r in rows])
     if isinstance(logits, str):
-        config.checks += [*checks.sampled(rows, None, result["platform"], by), Check("sampled reference", False, logits)]
+        config.checks += [*checks.sampled(rows, None, result.platform, by), Check("sampled reference", False, logits)]
     else:
-        config.checks += checks.sampled(rows, logits, result["platform"], by)
-    if "stopped" in result:  # in the sync, or in the generate after it
-        config.checks.append(Check("weight sync", False, f"stopped in {result['step']}: {result['stopped']}"))
+        config.checks += checks.sampled(rows, logits, result.platform, by)
+    if result.stopped is not None:  # in the sync, or in the generate after it
+        config.checks.append(Check("weight sync", False, f"stopped in {result.step}: {result.stopped}"))
         return config
-    config.checks += checks.synced(result["generates"]["synced"], second_reference, reference, result["platform"], by)
+    config.checks += checks.synced(result.generates["synced"], second_reference, reference, result.platform, by)
     return config
-
-
-def _step(result_path: pathlib.Path) -> str:
-    progress = engine.progress_file(result_path)
-    try:
-        return str(json.loads(progress.read_text())["step"])
-    except (OSError, ValueError, KeyError):
-        return "the start of the process"

@@ -18,7 +18,8 @@ the rollout's steps (prefix cache reset, KV cache freed, transfer with
 `reshard_pytree`, state leaves refreshed, KV cache rebuilt).
 
 Imports jax, Tunix and MaxText when called (the engine process imports
-this module before vLLM starts).
+this module before vLLM starts). configurations.py says which configuration
+syncs with which.
 """
 
 from __future__ import annotations
@@ -26,35 +27,34 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-from .engine import LLAMA, MAXTEXT
 
-
-def sync_second_model(llm: Any, config_name: str, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> str:
-    """Syncs the model at `checkpoint` into `llm`; returns the path it took, in words."""
-    from tunix.generate.mappings import MappingConfig
+def tunix_llama(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> None:
+    """Syncs the Llama at `checkpoint` into `llm` (vLLM's Llama) as Tunix's rollout does."""
     from tunix.generate.vllm_sampler import VllmConfig, VllmSampler
 
-    if config_name == LLAMA:
-        source, mapping = _tunix_llama(checkpoint, devices)
-        config = VllmConfig(mapping_config=mapping, additional_config=additional_config, tensor_parallel_size=devices)
-        _around(VllmSampler, llm, config).update_params(source)
-        return "Tunix's VllmSampler.update_params: transfer_state_with_mappings from Tunix's Llama3"
-    if config_name == MAXTEXT:
-        from flax import nnx
-        from maxtext.integration.vllm.maxtext_vllm_rollout import MaxTextVllmSampler
+    source, mapping = _tunix_llama_model(checkpoint, devices)
+    config = VllmConfig(mapping_config=mapping, additional_config=additional_config, tensor_parallel_size=devices)
+    _around(VllmSampler, llm, config).update_params(source)
 
-        from .maxtext_model import restore_actor
 
-        actor, scan_axis = restore_actor(checkpoint)
-        config = VllmConfig(mapping_config=MappingConfig(), additional_config=additional_config, tensor_parallel_size=devices)
-        sampler = _around(MaxTextVllmSampler, llm, config)
-        # MaxTextVllmRollout's choices for maxtext_on_vllm: no converter, the
-        # direct sync, the scan axis of MaxText's parameters.
-        sampler._converter, sampler._direct_maxtext_sync = None, True
-        sampler._scan_axis, sampler._layer_pattern_length = scan_axis, None
-        sampler.update_params(nnx.state(actor, nnx.Param))
-        return "MaxText's MaxTextVllmSampler.update_params: transfer_state_directly from the scanned actor"
-    raise ValueError(f"unknown smoke configuration {config_name!r}")
+def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> None:
+    """Syncs train_rl's actor restored from `checkpoint` into `llm` (MaxText's
+    model) as MaxTextVllmRollout does for maxtext_on_vllm."""
+    from flax import nnx
+    from maxtext.integration.vllm.maxtext_vllm_rollout import MaxTextVllmSampler
+    from tunix.generate.mappings import MappingConfig
+    from tunix.generate.vllm_sampler import VllmConfig
+
+    from .maxtext_model import restore_actor
+
+    actor, scan_axis = restore_actor(checkpoint)
+    config = VllmConfig(mapping_config=MappingConfig(), additional_config=additional_config, tensor_parallel_size=devices)
+    sampler = _around(MaxTextVllmSampler, llm, config)
+    # MaxTextVllmRollout's choices for maxtext_on_vllm: no converter, the
+    # direct sync, the scan axis of MaxText's parameters.
+    sampler._converter, sampler._direct_maxtext_sync = None, True
+    sampler._scan_axis, sampler._layer_pattern_length = scan_axis, None
+    sampler.update_params(nnx.state(actor, nnx.Param))
 
 
 def _around(cls: Any, llm: Any, config: Any) -> Any:
@@ -69,7 +69,7 @@ def _around(cls: Any, llm: Any, config: Any) -> Any:
     return sampler
 
 
-def _tunix_llama(checkpoint: pathlib.Path, devices: int) -> tuple[Any, Any]:
+def _tunix_llama_model(checkpoint: pathlib.Path, devices: int) -> tuple[Any, Any]:
     """Tunix's Llama3 made from the checkpoint, on an fsdp mesh of all the
     chips (a trainer's layout, not the engine's: the sync reshards), its state
     and its vLLM mappings."""

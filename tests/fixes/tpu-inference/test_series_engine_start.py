@@ -1,8 +1,8 @@
 """vLLM's engine on the installed stack, as the RL rollout configures it: how
 far it gets, upstream and with the overlay, and what it generates.
 
-support/fixes/engine_start.py starts `vllm.LLM` in a process of its own per
-configuration, on a tiny Llama with non-degenerate random weights written
+support/programs/engine_start.py starts `vllm.LLM` (the tool's smoke engine) in a
+process of its own per configuration, on a tiny Llama with non-degenerate random weights written
 by transformers as a safetensors checkpoint (the tool's maxtext_rl_overlay/smoke/tiny_llama.py) and
 loaded by the engine's own weight loader, tensor parallel over the 8
 devices, with the report's logprobs settings (`max_logprobs=1`,
@@ -49,25 +49,31 @@ tests check (an engine start costs 20-60 s here). The engines:
 On the CPU simulation the engine's TPU kernels (the attention) run in Pallas
 TPU interpret mode (the tool's maxtext_rl_overlay/smoke/pallas_interpret.py; the test ids say
 `pallas-interpret`), and the devices' memory statistics are stood in for (see
-engine_start.py). The seconds each engine start and generate took are
+support/programs/engine_start.py). The seconds each engine start and generate took are
 recorded as JUnit properties: CPU seconds, not a TPU's.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from maxtext_rl_overlay.smoke import tiny_llama
-from support import TESTS
-from support.fixes import engine_start, kernel_mode, maxtext_models, maxtext_shims, tiny_moe
-from support.fixes.matrix import PLATFORM
+from support.fixes import kernel_mode, maxtext_models, maxtext_shims, tiny_moe
+from support.fixes.engine_probe import (
+    ENGINE_TIMEOUT,
+    describe,
+    events_of,
+    record_run,
+    record_stand_in,
+    sampler_programs,
+    start_engine,
+    started,
+)
 from support.fixes.meshes import WSC_ASSERT
+from support.programs import engine_start
 
 REPORT = (
     "The input should be unsharded over the axis along which to compute the top_k values. "
@@ -84,9 +90,6 @@ SAMPLER_COMPILATIONS = [
 #: a different implementation of the same model (sharded matmuls, the
 #: attention kernel), so they agree to rounding, not bit for bit.
 LOGPROB_TOLERANCE = 1e-4
-#: One engine process's bound (start, every generate; 1-2 minutes on 2 cores):
-#: past it the test fails with the step the engine was in.
-ENGINE_TIMEOUT = 1200
 # A test may start two engines (the pin's and the overlay's) before it checks.
 pytestmark = pytest.mark.timeout(2 * ENGINE_TIMEOUT + 300)
 #: Two engines with the same seed, on the same weights: rounding only.
@@ -148,66 +151,10 @@ def engines(checkpoint, tmp_path_factory, request):
     return engine
 
 
-def start_engine(tmp_path, checkpoint, config, upstream) -> dict:
-    out = tmp_path / "result.json"
-    # tests/ on the child's import path, as pytest's `pythonpath` puts it on this
-    # process's: the script imports the support package.
-    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, MRL_PLATFORM=PLATFORM, PYTHONPATH=path)
-    args = ["--checkpoint", str(checkpoint), "--config", config] + (["--upstream"] if upstream else [])
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "support.fixes.engine_start", str(out), *args],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=ENGINE_TIMEOUT,
-        )
-    except subprocess.TimeoutExpired as error:
-        progress = engine_start.progress_file(out)
-        where = json.loads(progress.read_text()) if progress.is_file() else {"step": "its imports", "last_event": None}
-        log = error.stderr.decode(errors="replace") if isinstance(error.stderr, bytes) else (error.stderr or "")
-        pytest.fail(f"engine_start.py --config {config}{' --upstream' if upstream else ''} timed out after {ENGINE_TIMEOUT} s in step "
-                    f"{where['step']} (last event: {where['last_event']}):\n{log[-4000:]}")
-    assert proc.returncode == 0 and out.is_file(), f"engine_start.py failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    result = json.loads(out.read_text())
-    result["log"] = proc.stderr
-    return result
-
-
-def sampler_programs(result) -> dict[str, list[str]]:
-    """Each precompiled sampling and logprobs program the engine compiled
-    (support/fixes/engine_start.py compiles it again and reads its HLO): the
-    collectives yielding a tensor with the vocab as a dimension."""
-    programs = result["programs"]
-    assert programs and not [p for p in programs if p.get("failed")], programs
-    return {f"{p['name']}{p['shapes']}": p["vocab_collectives"] for p in programs}
-
-
-def record_stand_in(record_property, result):
-    """The engine's TPU kernels' stand-in (where one was active), in the JUnit record."""
-    if result["stand_ins"].get("tpu_kernels"):
-        record_property(kernel_mode.PROPERTY, result["stand_ins"]["tpu_kernels"]["label"])
-
-
-def record_run(record_property, result):
-    """The stand-ins and the seconds of the engine's start and generates, in the JUnit record."""
-    record_stand_in(record_property, result)
-    for name, seconds in result["seconds"].items():
-        record_property(f"seconds_{name}", str(seconds))
-
-
-def events_of(result, step):
-    return [e for e in result["events"] if e["step"] == step]
-
-
-def describe(result) -> str:
-    stopped = result.get("stopped") or {}
-    frames = "\n".join(f"    {f['file']} {f['function']}: {f['line']}" for f in stopped.get("frames", [])[-8:])
-    return f"stopped: {stopped.get('type')} in {stopped.get('step')}: {stopped.get('message', '')[:400]}\n{frames}"
-
-
 def check_reference(result, reference, record_property) -> float:
     """The engine's greedy tokens are the reference's (transformers', or
     MaxText's own forward); returns the largest logprob difference."""
-    assert result.get("started"), describe(result)
+    assert started(result), describe(result)
     generated = result["generates"]["reference"]
     for ref, got in zip(reference, generated, strict=True):
         assert min(ref["margins"]) > LOGPROB_TOLERANCE, "the reference's best tokens are too close to call: change tiny_llama.SEED"
@@ -235,13 +182,13 @@ def check_same_generations(a, b, names, record_property) -> None:
 def test_unpatched_engine_start_dies_in_the_sampler_precompile(kernels, engines, record_property):
     result = engines("device-indexes", True)
     record_run(record_property, result)
-    assert result["mesh"]["shape"] == {"data": 1, "model": 8}, result["mesh"]
-    assert result["mesh"]["axis_types"] == ["AxisType.Explicit", "AxisType.Explicit"], result["mesh"]
-    stopped = result.get("stopped")
-    assert stopped and not result.get("started"), describe(result)
+    assert result["mesh"] == {"data": 1, "model": 8}, result["mesh"]
+    assert result["mesh_layout"]["axis_types"] == ["AxisType.Explicit", "AxisType.Explicit"], result["mesh_layout"]
+    stopped = result.get("error")
+    assert stopped and not started(result), describe(result)
     assert stopped["type"] == "jax._src.core.ShardingTypeError", describe(result)
     assert REPORT in stopped["message"], describe(result)
-    assert stopped["step"] == "initialize_from_config", describe(result)
+    assert result["step"] == "initialize_from_config", describe(result)
     functions = [(f["file"], f["function"]) for f in stopped["frames"]]
     assert ("tpu_inference/worker/tpu_worker.py", "initialize_from_config") in functions, describe(result)
     assert ("tpu_inference/runner/compilation_manager.py", "_precompile_gather_logprobs") in functions, describe(result)
@@ -266,8 +213,8 @@ def test_engine_generates_the_reference_tokens_on_the_reported_configuration(ker
     result = engines("device-indexes", False)
     record_run(record_property, result)
     # The backport: Auto axes, in the order of the given device_indexes.
-    assert result["mesh"] == {"shape": {"data": 1, "model": 8}, "axis_types": ["AxisType.Auto", "AxisType.Auto"],
-                              "devices": list(range(8))}, result["mesh"]
+    assert result["mesh"] == {"data": 1, "model": 8}, result["mesh"]
+    assert result["mesh_layout"] == {"axis_types": ["AxisType.Auto", "AxisType.Auto"], "devices": list(range(8))}, result["mesh_layout"]
     events = events_of(result, "initialize_from_config")
     compiled = [(e["name"], e["shapes"]) for e in events if e["event"] == "compile"]
     assert compiled == SAMPLER_COMPILATIONS, compiled
@@ -275,7 +222,7 @@ def test_engine_generates_the_reference_tokens_on_the_reported_configuration(ker
     assert [e["event"] for e in result["events"] if e["event"] in ("start", "done")] == [
         "start", "start", "done", "done", "start", "done",  # initialize_from_config (the KV caches inside it), capture_model
     ], result["events"]
-    assert not result.get("stopped"), describe(result)
+    assert not result.get("error"), describe(result)
     check_reference(result, reference, record_property)
     # Patch 0006: no sampling or logprobs program gathers the vocab.
     programs = sampler_programs(result)
@@ -286,8 +233,8 @@ def test_engine_generates_the_reference_tokens_on_the_reported_configuration(ker
 def test_upstream_generates_the_reference_tokens_on_the_new_model_design_mesh(kernels, engines, reference, record_property):
     result = engines("new-model-design", True)
     record_run(record_property, result)
-    assert set(result["mesh"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["shape"]["model"] == 8, result["mesh"]
-    assert not result.get("stopped"), describe(result)
+    assert set(result["mesh_layout"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["model"] == 8, result["mesh"]
+    assert not result.get("error"), describe(result)
     check_reference(result, reference, record_property)
     # The pin's sampler on the engine's Auto mesh: the sampled and logprobs
     # programs all-gather the whole [B, V] logits (patch 0006 removes that).
@@ -298,11 +245,11 @@ def test_upstream_generates_the_reference_tokens_on_the_new_model_design_mesh(ke
 
 @pytest.mark.parametrize("kernels", [KERNELS])
 def test_the_rollout_batch_gives_the_same_tokens_in_two_engines(kernels, engines, record_property):
-    from support.fixes.engine_start import ROLLOUT_PROMPTS, ROLLOUT_TOKENS
+    from support.programs.engine_start import ROLLOUT_PROMPTS, ROLLOUT_TOKENS
 
     overlay, upstream = engines("device-indexes", False), engines("new-model-design", True)
     record_stand_in(record_property, overlay)
-    assert overlay.get("started") and upstream.get("started"), describe(overlay) + describe(upstream)
+    assert started(overlay) and started(upstream), describe(overlay) + describe(upstream)
     for name in ("rollout_greedy", "rollout_sampled"):
         a, b = overlay["generates"][name], upstream["generates"][name]
         assert len(a) == len(b) == len(ROLLOUT_PROMPTS), (name, a, b)
@@ -335,8 +282,8 @@ def test_maxtext_model_generates_maxtexts_own_tokens(kernels, engines, maxtext_m
     _, reference = maxtext_model
     result = engines("maxtext", False)
     record_run(record_property, result)
-    assert set(result["mesh"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["shape"]["model"] == 8, result["mesh"]
-    assert not result.get("stopped"), describe(result)
+    assert set(result["mesh_layout"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["model"] == 8, result["mesh"]
+    assert not result.get("error"), describe(result)
     check_reference(result, reference, record_property)
     # Patch 0006 on the 7-axis mesh: no sampling or logprobs program gathers the vocab.
     programs = sampler_programs(result)
@@ -353,7 +300,7 @@ def test_upstream_maxtext_model_gives_the_overlays_tokens(kernels, engines, maxt
     nothing, and the pin's engine gives the overlay's tokens."""
     overlay, upstream = engines("maxtext", False), engines("maxtext", True)
     record_run(record_property, upstream)
-    assert not upstream.get("stopped"), describe(upstream)
+    assert not upstream.get("error"), describe(upstream)
     check_same_generations(overlay, upstream, ("reference", "rollout_greedy"), record_property)
 
 
@@ -369,10 +316,10 @@ def test_moe_with_tp1_ep8_dp_attention_samples_on_the_vocab_shards(kernels, engi
     and the engine generates."""
     result = engines(engine_start.MOE, False)
     record_run(record_property, result)
-    assert result.get("started") and not result.get("stopped"), describe(result)
+    assert started(result) and not result.get("error"), describe(result)
     mesh = result["mesh"]
-    assert set(mesh["axis_types"]) == {"AxisType.Auto"}, mesh
-    assert {a: n for a, n in mesh["shape"].items() if n > 1} == {"attn_dp_expert": 2, "expert": 4}, mesh
+    assert set(result["mesh_layout"]["axis_types"]) == {"AxisType.Auto"}, result["mesh_layout"]
+    assert {a: n for a, n in mesh.items() if n > 1} == {"attn_dp_expert": 2, "expert": 4}, mesh
     programs = sampler_programs(result)
     assert programs and all(v == [] for v in programs.values()), programs
     assert [len(g["tokens"]) for g in result["generates"]["rollout_sampled"]] == [engine_start.ROLLOUT_TOKENS] * len(engine_start.ROLLOUT_PROMPTS)
@@ -387,6 +334,6 @@ def test_moe_gives_the_pins_greedy_and_sampled_tokens(kernels, engines, record_p
     logprob within rounding."""
     overlay, upstream = engines(engine_start.MOE, False), engines(engine_start.MOE, True)
     record_run(record_property, upstream)
-    assert upstream.get("started") and not upstream.get("stopped"), describe(upstream)
+    assert started(upstream) and not upstream.get("error"), describe(upstream)
     assert any(sampler_programs(upstream).values()), "the pin's programs gather the vocab"
     check_same_generations(overlay, upstream, ("reference", "rollout_sampled"), record_property)

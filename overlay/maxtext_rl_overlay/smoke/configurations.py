@@ -1,0 +1,84 @@
+"""The engine configurations `smoke` runs, as data: each one's name, what it
+is, the engine process's environment, vLLM's `additional_config` and
+`hf_overrides`, the reference its generates are checked against, and the
+code that syncs a second model into it. The parent (run.py) and the engine
+process (engine.py) read them here; nothing here imports jax or vLLM.
+
+vLLM's `LLM` runs on all of the machine's chips, as train_rl's rollout
+configures it (engine.llm_kwargs), in one of these configurations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import maxtext_model, sync
+
+
+@dataclasses.dataclass(frozen=True)
+class SecondModelSync:
+    """How a second model's weights go into the running engine: the code
+    train_rl's rollout syncs with (sync.py), and that code in words."""
+
+    path: str
+    #: (engine, second checkpoint, chips, the engine's additional_config)
+    run: Callable[[Any, pathlib.Path, int, dict[str, Any]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfiguration:
+    name: str
+    summary: str
+    #: Set in the engine process before tpu_inference is imported.
+    environment: Mapping[str, str]
+    #: vLLM's `additional_config`, for (checkpoint, chips).
+    additional_config: Callable[[pathlib.Path, int], dict[str, Any]]
+    #: vLLM's `hf_overrides`: the model's architecture where it is not the checkpoint's.
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: What the engine's generates are checked against, in words.
+    reference: str = "transformers"
+    #: A second model synced into the running engine; None: no sync.
+    sync: SecondModelSync | None = None
+    #: vLLM's arguments that differ from engine.llm_kwargs'.
+    llm_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def device_indexes_config(chips: int) -> dict[str, Any]:
+    """Tunix's rollout sharding: every chip named by `device_indexes`."""
+    return {"sharding": {"sharding_strategy": {"device_indexes": list(range(chips))}}}
+
+
+#: vLLM's Llama on Tunix's mesh: the runner builds its ("data", "model") mesh
+#: from the device_indexes.
+LLAMA = EngineConfiguration(
+    name="llama-device-indexes",
+    summary="vLLM's Llama on Tunix's device_indexes 2D mesh",
+    environment={},
+    additional_config=lambda _checkpoint, chips: device_indexes_config(chips),
+    sync=SecondModelSync("Tunix's VllmSampler.update_params: transfer_state_with_mappings from Tunix's Llama3", sync.tunix_llama),
+)
+#: MaxText's model as train_rl's maxtext_on_vllm runs it: MaxTextForCausalLM,
+#: NEW_MODEL_DESIGN=1 (the 7-axis mesh), its weights restored by the
+#: adapter's own load_weights.
+MAXTEXT = EngineConfiguration(
+    name="maxtext-new-model-design",
+    summary="MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
+    environment={"NEW_MODEL_DESIGN": "1"},
+    additional_config=lambda checkpoint, _chips: maxtext_model.engine_additional_config(checkpoint),
+    overrides={"architectures": ["MaxTextForCausalLM"]},
+    reference="MaxText's own forward",
+    sync=SecondModelSync("MaxText's MaxTextVllmSampler.update_params: transfer_state_directly from the scanned actor",
+                         sync.maxtext_actor),
+)
+#: What smoke runs, in this order.
+SMOKE = (LLAMA, MAXTEXT)
+
+
+def named(name: str) -> EngineConfiguration:
+    for configuration in SMOKE:
+        if configuration.name == name:
+            return configuration
+    raise ValueError(f"unknown smoke configuration {name!r}")
