@@ -86,6 +86,17 @@ def uv_offline_env(tmp_path: pathlib.Path) -> dict[str, str]:
                 PATH=f"{pathlib.Path(UV).parent}{os.pathsep}{os.environ['PATH']}")
 
 
+def assert_refuses_an_unpinned_base(steps: list[dict], says: str) -> None:
+    """The steps' check of MRL_MAXTEXT_IMAGE (a workflow building the image
+    over MaxText's): unset or a tag fails the job saying `says`; a base pinned
+    by digest goes on."""
+    (declared,) = [s for s in steps if "run" in s and "case" in s["run"] and "MAXTEXT_IMAGE" in s["run"]]
+    assert declared["env"] == {"MAXTEXT_IMAGE": "${{ vars.MRL_MAXTEXT_IMAGE }}"}
+    for value, status in (("", 1), ("gcr.io/p/tpu_post_training:latest", 1), ("gcr.io/p/tpu_post_training@sha256:" + "a" * 64, 0)):
+        done = subprocess.run(["bash", "-e", "-c", declared["run"]], env=dict(os.environ, MAXTEXT_IMAGE=value), capture_output=True, text=True)
+        assert done.returncode == status and ((says in done.stdout) == bool(status)), (value, done.stdout)
+
+
 def assert_uploads_every_junit(job: dict, root: pathlib.Path) -> None:
     """`job` (a workflow job running scripts/test-matrix.sh) uploads the
     JUnit XML of every run of every cell the matrix declares, and fails when
