@@ -88,6 +88,14 @@ def _base_url_arg(text: str) -> str:
     return text
 
 
+def _python_arg(text: str) -> str:
+    # An empty PYTHON once fell back to this interpreter unsaid; the default
+    # is BuildOptions' now, so an empty one is refused rather than run.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an interpreter is needed (leave --python out for this one)")
+    return text
+
+
 def _cmd_build(args: argparse.Namespace) -> int:
     from .build import BuildOptions, build
 
@@ -320,7 +328,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index "
                         "is out of reach; labelled as a stand-in")
     b.add_argument("--engine", choices=ENGINES, help="how to apply the patches (default: git where installed)")
-    b.add_argument("--python", default=BuildOptions.python, metavar="PYTHON", help="interpreter for the builds and the resolver (default: this one)")
+    b.add_argument("--python", type=_python_arg, default=BuildOptions.python, metavar="PYTHON",
+                   help="interpreter for the builds and the resolver (default: this one)")
     b.add_argument("--base-url", type=_base_url_arg, metavar="URL",
                    help="where the index folder will be served: its constraints.txt then names the index by this URL")
     b.set_defaults(func=_cmd_build)

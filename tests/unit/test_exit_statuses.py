@@ -60,10 +60,11 @@ def _error_lines(done: subprocess.CompletedProcess) -> list[str]:
     (["build", "--source", "bogus=/x"], "argument --source: unknown distribution 'bogus'"),
     (["build", "--base-url", "ftp://x"], "argument --base-url: 'ftp://x': expected the http(s) URL"),
     (["build", "--source", "vllm=/x", "--source", "vllm=/y"], "--source vllm given twice"),
+    (["build", "--python", ""], "argument --python: an interpreter is needed"),
     (["rebase", "--continue", "vllm"], "--continue and --abort take no NAME"),
     (["rebase", "vllm", "HEAD", "--source", "/a", "--source", "/b"], "given twice"),
     (["rebase", "vllm", "HEAD", "--source", "bogus=/x"], "unknown distribution 'bogus'"),
-], ids=["rebase-no-arguments", "only-bogus", "source-bogus", "base-url-ftp", "source-twice", "continue-with-name",
+], ids=["rebase-no-arguments", "only-bogus", "source-bogus", "base-url-ftp", "source-twice", "python-empty", "continue-with-name",
         "rebase-source-twice", "rebase-source-bogus"])
 def test_usage_errors_exit_2_with_the_usage(project, args, says):
     done = _cli(*args, "--project", str(project))
