@@ -3,7 +3,8 @@ image (no registry is reachable here, so no base can be pulled):
 
 - the stand-in: Debian bookworm minbase from Debian's packages (mmdebstrap),
   this machine's CPython 3.12 copied at its own prefix, the upstreams' code
-  WITHOUT the overlay's series (built from the PyPI stand-in sdists) installed
+  WITHOUT the overlay's series (the pins' commits where MRL_SOURCES names
+  their repositories, else the PyPI stand-in sdists) installed
   into the system Python --no-deps as MaxText's install_post_train_extra_deps
   does, and PYTHONPATH=/deps/src; labelled a stand-in; referenced by digest.
   It carries no jax and no torch (the closure is 5+ GB), so the gate here is
@@ -50,6 +51,8 @@ import zipfile
 
 import pytest
 
+from maxtext_rl_overlay import sources
+from maxtext_rl_overlay.pins import load_project
 from support.pipeline import ROOT
 
 TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
@@ -69,6 +72,7 @@ pytestmark = [
 ]
 
 STANDIN_LABEL = "maxtext-rl-overlay.stand-in"
+SOURCES = dict(s.split("=", 1) for s in os.environ.get("MRL_SOURCES", "").split())
 CONF = '[containers]\ndefault_ulimits = ["nofile=1024:20000", "nproc=4096:4096"]\n\n[engine]\nruntime = "runc"\n'
 PREFIX = pathlib.Path(sys.base_prefix)  # the tool venv's CPython 3.12: copied at its own prefix (its RUNPATH)
 LIBS = "libssl3,libsqlite3-0,libffi8,liblzma5,libbz2-1.0,libreadline8,libncursesw6,zlib1g,libuuid1"
@@ -128,16 +132,32 @@ def release(request, tmp_path_factory) -> pathlib.Path:
     return copy
 
 
-def _unpatched_wheels(standin: dict[str, pathlib.Path], dest: pathlib.Path) -> None:
-    """The upstreams without our series, as wheels (MaxText builds them from
-    GitHub; here from the PyPI stand-in sdists)."""
+def _unpatched_wheels(standin: dict[str, pathlib.Path], dest: pathlib.Path, work: pathlib.Path) -> None:
+    """The upstreams without our series, as wheels, built as MaxText's
+    installer builds them from GitHub (a plain build of the upstream's tree):
+    from the pins' commits where MRL_SOURCES names their repositories (as
+    scripts/test.sh does wherever they are at hand), else from the PyPI
+    stand-in sdists. Says which."""
     for name in ("google-tunix", "tpu-inference"):
         env = dict(os.environ, UV_PYTHON_DOWNLOADS="never")
-        version = re.match(r".*-(\d[^-]*)\.tar\.gz$", standin[name].name)
+        if name in SOURCES:
+            # The pin's tree as the tool reads it from the repository (its
+            # tree id checked), copied: the build writes beside the code.
+            pin = load_project(ROOT).pins[name]
+            tree = sources.obtain(pin, SOURCES[name], allow_unpinned=False, cache=work / "sources")
+            source = work / name
+            shutil.copytree(tree.path, source, symlinks=True)
+            version: str | None = pin.version
+            _say(f"{name} in the base: the pin's commit {pin.commit[:12]} without the series")
+        else:
+            source = standin[name]
+            found = re.match(r".*-(\d[^-]*)\.tar\.gz$", source.name)
+            version = found.group(1) if found else None
+            _say(f"{name} in the base: the PyPI stand-in {source.name} without the series (MRL_SOURCES names no repository of it)")
         if name == "tpu-inference" and version:
-            env["VLLM_VERSION_OVERRIDE"] = version.group(1)  # its setup.py takes its version from there
+            env["VLLM_VERSION_OVERRIDE"] = version  # its setup.py takes its version from there
         subprocess.run([str(pathlib.Path(sys.executable).parent / "uv"), "build", "--wheel", "--python", sys.executable,
-                        "-o", str(dest), str(standin[name])], check=True, capture_output=True, env=env)
+                        "-o", str(dest), str(source)], check=True, capture_output=True, env=env)
 
 
 def _python_copy(dest: pathlib.Path) -> None:
@@ -167,7 +187,7 @@ def bases(tmp_path_factory, engine_env, standin):
     _say(f"mmdebstrap bookworm minbase: {time.monotonic() - start:.0f} s, {(ctx / 'rootfs.tar').stat().st_size / 1e6:.0f} MB")
     _python_copy(ctx / "python")
     (ctx / "wheels").mkdir()
-    _unpatched_wheels(standin, ctx / "wheels")
+    _unpatched_wheels(standin, ctx / "wheels", tmp_path_factory.mktemp("unpatched"))
     shutil.copy2(pathlib.Path(sys.executable).parent / "uv", ctx / "uv")
     (ctx / "Containerfile").write_text(BASE)
     start = time.monotonic()
