@@ -170,7 +170,7 @@ def pinned_toolchain(who: str, requires: list[str], python: str, path: pathlib.P
         "# The build installs exactly these (uv pip install --require-hashes --no-deps -r), then the closure's torch under them.",
         "# Resolved again, preferring these versions, only when the tree's build requirements change: commit the result.",
         f"# Made by: uv pip compile - {' '.join(flags)} --python PYTHON --output-file {TOOLCHAIN_FILE}",
-        f"#   with {_uv_version()}, PYTHON {_version_of(python).split()[0]} on {sys.platform} {os.uname().machine}; "
+        f"#   with {buildcache.uv_version()}, PYTHON {_version_of(python).split()[0]} on {sys.platform} {os.uname().machine}; "
         f"build-constraints.txt: the tool's pinned build backends; stdin: the input below",
         _INPUT + json.dumps(requires),
     ]
@@ -204,10 +204,6 @@ def _pins_and_hashes(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
             version, hashes = out[name]
             out[name] = (version, tuple(sorted((*hashes, line.strip().split("=", 1)[1].rstrip(" \\")))))
     return out
-
-
-def _uv_version() -> str:
-    return str(run(["uv", "--version"], what="reading uv's version").stdout).strip()
 
 
 def _version_of(python: str) -> str:
