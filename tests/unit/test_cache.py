@@ -36,7 +36,13 @@ BUILDER = textwrap.dedent("""
         (root / "filling").write_text("")
         with log.open("a") as f:
             f.write("make\\n")
-        time.sleep(2)
+        # Filling until the test has seen the other builder wait (not for a
+        # fixed time: a loaded machine may start the other one later).
+        deadline = time.monotonic() + 120
+        while not (log.parent / "go").exists():
+            if time.monotonic() > deadline:
+                sys.exit("the test never said go")
+            time.sleep(0.05)
         if not (root / "filling").is_file():
             sys.exit("another builder removed the build environment this one was filling")
         (root / ".complete").write_text(json.dumps({"version": torch.version, "cuda": ""}))
@@ -59,13 +65,21 @@ def test_two_builders_of_one_build_environment(tmp_path):
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not log.exists():  # the first one is filling the entry
         assert first.poll() is None, first.communicate()
-    second = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    out, err = first.communicate(timeout=60)
+    second = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in second.stderr:  # the first holds the entry until the second says it waits for it
+        seen.append(line)
+        if "waiting for another build to finish with the cache's buildenv/" in line:
+            break
+    (tmp_path / "go").write_text("")
+    rest, second_err = second.communicate(timeout=120)
+    second_err = "".join(seen) + second_err
+    out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
-    assert second.returncode == 0, second.stderr
-    assert out == second.stdout, "both use the same entry"
+    assert second.returncode == 0, second_err
+    assert out == rest, "both use the same entry"
     assert log.read_text() == "make\n", "the second builder waited and reused the entry instead of making it again"
-    assert "waiting for another build to finish with the cache's buildenv/" in second.stderr
+    assert "waiting for another build to finish with the cache's buildenv/" in second_err
     assert (cache / "buildenv" / out.strip() / ".complete").is_file()
 
 
