@@ -12,7 +12,7 @@ import os
 import pytest
 
 # The suite's helpers are the support.fixes package (tests/support/fixes).
-from support.fixes.matrix import DEVICES, PLATFORM, simulate_v6e_8
+from support.fixes.matrix import CHIPS, DEVICES, PLATFORM, TPU_CELL, simulate_v6e_8
 
 if PLATFORM not in ("cpu", "tpu"):
     raise pytest.UsageError(f"MRL_PLATFORM must be cpu or tpu, not {PLATFORM!r}")
@@ -30,9 +30,25 @@ def pytest_configure(config):
             raise pytest.UsageError("MRL_MAXTEXT_SHIMS=1 needs maxtext installed (the MaxText cell of the matrix).")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The TPU cell runs only the tests marked `tpu_cell`: the rest need the
+    matrix's meshes, a v6e-8's 8 chips."""
+    if not TPU_CELL:
+        return
+    skip = pytest.mark.skip(reason=f"needs the matrix's meshes (a v6e-8's 8 chips, or their CPU simulation); the TPU cell runs on "
+                                   f"this host's {CHIPS} chip(s) the tests marked tpu_cell")
+    for item in items:
+        if item.get_closest_marker("tpu_cell") is None:
+            item.add_marker(skip)
+
+
 def pytest_sessionstart(session):
     """Refuse to run the suite on the wrong devices: a result on anything but
-    8 simulated CPU devices, or a real v6e-8, would not be the matrix's."""
+    8 simulated CPU devices, or a real v6e-8, would not be the matrix's. The
+    TPU cell counted its chips before (MRL_TPU_CHIPS) and runs only what
+    holds on any number of them."""
+    if TPU_CELL:
+        return
     import jax
 
     devices = jax.devices()

@@ -9,6 +9,7 @@ the module's tests (an engine start costs a minute or two here).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -19,12 +20,15 @@ import sys
 
 import pytest
 
+from maxtext_rl_overlay.smoke.checks import DEFAULT_PRECISION
 from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
 from maxtext_rl_overlay.smoke.run import json_text
-from support.fixes import maxtext_models, maxtext_shims
-from support.fixes.matrix import PLATFORM
+from support.fixes import breaks, maxtext_models, maxtext_shims
+from support.fixes.matrix import CHIPS, PLATFORM
 
 CPU = PLATFORM == "cpu"
+#: The TPU cell runs the tests marked so on its host's chips, however many.
+cell = pytest.mark.tpu_cell
 #: One smoke: the checkpoint, the reference, the engine start and its generates.
 SMOKE_TIMEOUT = 1500
 pytestmark = pytest.mark.timeout(SMOKE_TIMEOUT + 300)
@@ -33,6 +37,8 @@ pytestmark = pytest.mark.timeout(SMOKE_TIMEOUT + 300)
 CHECKS = ["engine ran", "greedy tokens", "greedy logprobs", "sampled batch's greedy tokens", "sampled batch's greedy logprobs",
           "sampled draws differ", "sampled within top-k, top-p", "sampled logprobs", "sampled draws can tell",
           "synced greedy tokens", "synced greedy logprobs"]
+# On a chip the gate's checks run at its pinned precision, then jax's default is measured.
+CHECKS += [] if CPU else [f"{DEFAULT_PRECISION} tokens", f"{DEFAULT_PRECISION} logprobs"]
 CONFIGURATIONS = {"llama-device-indexes": CHECKS, **({"maxtext-new-model-design": CHECKS} if maxtext_models.AVAILABLE else {})}
 SKIPPED = {} if maxtext_models.AVAILABLE else {"maxtext-new-model-design": "maxtext not installed"}
 #: The code each configuration's sync runs: train_rl's rollout's, by configuration.
@@ -68,6 +74,7 @@ def _table_rows(stdout: str) -> list[str]:
     return [line for line in lines[start + 1 :] if line.strip() and not line.startswith(NOTICE)][:ROWS]
 
 
+@cell
 def test_smoke_passes_every_check_on_the_installed_stack(smoke):
     proc, doc = smoke
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
@@ -76,15 +83,16 @@ def test_smoke_passes_every_check_on_the_installed_stack(smoke):
     assert list(configs) == list(CONFIGURATIONS)
     for name, checks in CONFIGURATIONS.items():
         config = configs[name]
-        assert config["chips"] == 8
+        assert config["chips"] == CHIPS
+        assert config["precision"] == ("default" if CPU else "highest"), config["precision"]
         assert [c["name"] for c in config["checks"]] == checks and all(c["ok"] for c in config["checks"]), config["checks"]
         assert config["seconds"]["engine_start"] > 0 and {"greedy", "sampled", "sync", "synced"} <= set(config["seconds"])
         assert config["sync_path"].startswith(SYNC_PATHS[name]), config["sync_path"]
         assert config["compiles"]["engine start"][0] > 0, config["compiles"]  # the engine's programs, counted
-    assert configs["llama-device-indexes"]["mesh"] == {"data": 1, "model": 8}, "Tunix's device_indexes: ('data', 'model'), all on model"
+    assert configs["llama-device-indexes"]["mesh"] == {"data": 1, "model": CHIPS}, "Tunix's device_indexes: ('data', 'model'), all on model"
     if "maxtext-new-model-design" in configs:
         mesh = configs["maxtext-new-model-design"]["mesh"]
-        assert len(mesh) == 7 and mesh["model"] == 8, f"NEW_MODEL_DESIGN's 7-axis mesh: {mesh}"
+        assert len(mesh) == 7 and mesh["model"] == CHIPS, f"NEW_MODEL_DESIGN's 7-axis mesh: {mesh}"
     assert doc["skipped"] == SKIPPED and doc["finished"], doc
     rows = _table_rows(proc.stdout)
     assert [re.split(r"\s{2,}", row)[5] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks] + ["-"] * len(SKIPPED), \
@@ -95,6 +103,7 @@ def test_smoke_passes_every_check_on_the_installed_stack(smoke):
     assert "smoke: yes" in proc.stdout
 
 
+@cell
 def test_smoke_says_on_every_line_whether_it_is_a_simulation(smoke):
     proc, doc = smoke
     rows = _table_rows(proc.stdout)
@@ -103,9 +112,11 @@ def test_smoke_says_on_every_line_whether_it_is_a_simulation(smoke):
     assert doc["cpu_simulation"] == CPU and (doc["notice"] == NOTICE) == CPU
     for config in doc["configurations"]:
         stand_ins = config["stand_ins"]
-        assert bool(stand_ins) == CPU and all("pallas-interpret" in s or "memory" in s for s in stand_ins), stand_ins
+        simulated = [s for s in stand_ins if "pallas-interpret" in s or "memory" in s]
+        assert bool(simulated) == CPU, stand_ins
 
 
+@cell
 @pytest.mark.parametrize("package, raises", [("jax", "ImportError('libjax is missing')"), ("torch", "OSError('libtorch_cpu.so: cannot open')")])
 def test_a_package_that_fails_to_import_is_a_broken_stack_named_as_such(tmp_path, package, raises):
     """Not "no TPU here", not a bug: exit 1, naming the package and its
@@ -146,49 +157,40 @@ def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
     assert "llama-device-indexes: engine ran" in proc.stderr
 
 
-#: Breaks of the installed vocab-sharded sampler (patch 0006's, which both
-#: configurations run): the line as it is, the line broken, and the check
-#: that must say no.
-BREAKS = {
-    "greedy takes the least likely token": ("        return _argmax(logits, _shard_offset(logits, layout), layout)\n",
-                                            "        return _argmax(-logits, _shard_offset(logits, layout), layout)\n", "greedy tokens"),
-    "top-p ignored": ("        apply_topp = (top_p < 1.0)[:, None]\n", "        apply_topp = (top_p < 0.0)[:, None]\n",
-                      "sampled within top-k, top-p"),
-    "top-k ignored": ("        apply_topk = (top_k > 0)[:, None]\n", "        apply_topk = (top_k < 0)[:, None]\n", "sampled within top-k, top-p"),
-    "temperature ignored": ("        z = logits / jnp.expand_dims(temperature.astype(jnp.float32), -1)\n",
-                            "        z = logits + 0 * jnp.expand_dims(temperature.astype(jnp.float32), -1)\n", "sampled logprobs"),
-    "processed logprobs from the unprocessed logits": ("        ret_logits = jnp.where(is_greedy[:, None], logits, processed)\n",
-                                                       "        ret_logits = logits\n", "sampled logprobs"),
-}
-
-
+@cell
 @pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more each): would have run "
-                    "smoke on copies of the installed tpu-inference whose sampler is broken (greedy takes the least likely token; "
-                    "top-p, top-k or the temperature ignored; processed logprobs of the unprocessed logits) and checked that "
-                    "each exits 1 naming the check that sees it")
-@pytest.mark.parametrize("break_", list(BREAKS))
-def test_smoke_names_a_broken_sampler(tmp_path, break_):
-    """The installed sampler, broken (a copy of the installed tpu_inference
-    first on the path, one line of its vocab-sharded sampler changed): smoke
-    says no, naming the check, in every configuration."""
-    import tpu_inference
-
+                    "smoke on copies of the installed packages with one break each (support/fixes/breaks.py: greedy takes the "
+                    "least likely token; top-p, top-k or the temperature ignored; processed logprobs of the unprocessed logits; "
+                    "the Llama's norms not synced) and checked that each exits 1 naming the check that sees it")
+@pytest.mark.parametrize("break_", list(breaks.NAMED))
+def test_smoke_names_a_broken_stack(tmp_path, break_):
+    """The installed stack, broken (a copy of the installed package first on
+    the path, one line of it changed: the sampler's on the path this run's
+    chips take): smoke says no, naming the check, in every configuration the
+    break reaches."""
     if maxtext_shims.GLOBAL:
         pytest.skip("the maxtext-shims run's engines are the plain run's (see the smoke fixture)")
-    right, wrong, check = BREAKS[break_]
+    broken = breaks.NAMED[break_]
+    edit = broken.edit(CHIPS)
+    spec = importlib.util.find_spec(edit.package)  # found, not imported: jax stays unopened here
+    assert spec is not None and spec.submodule_search_locations, edit.package
     shadow = tmp_path / "shadow"
-    shutil.copytree(pathlib.Path(tpu_inference.__file__).parent, shadow / "tpu_inference")
-    sampler = shadow / "tpu_inference" / "layers" / "jax" / "sample" / "vocab_sharded.py"
-    text = sampler.read_text()
-    assert text.count(right) == 1, f"patch 0006's sampler moved ({right.strip()!r}): update this test"
-    sampler.write_text(text.replace(right, wrong))
+    shutil.copytree(spec.submodule_search_locations[0], shadow / edit.package)
+    target = shadow / edit.file
+    text = target.read_text()
+    assert text.count(edit.right) == 1, f"the line this break changes moved in {edit.file} ({edit.right.strip()!r}): update breaks.py"
+    target.write_text(text.replace(edit.right, edit.wrong))
     out = tmp_path / "smoke.json"
     proc = _smoke(*_flags(out), env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
-    for config in json.loads(out.read_text())["configurations"]:
+    reached = [c for c in json.loads(out.read_text())["configurations"]
+               if broken.configurations is None or c["name"] in broken.configurations]
+    assert reached, broken.configurations
+    for config in reached:
         checks = {c["name"]: c["ok"] for c in config["checks"]}
-        assert checks["engine ran"] and not checks[check], (config["name"], checks)
-        assert f"{config['name']}: {check}" in proc.stderr, proc.stderr[-2000:]
+        failed = [name for name in broken.checks if checks.get(name) is False]
+        assert checks["engine ran"] and failed, (config["name"], checks)
+        assert f"{config['name']}: {failed[0]}" in proc.stderr, proc.stderr[-2000:]
 
 
 # -- the sync check sees every parameter --------------------------------------
@@ -213,6 +215,7 @@ def llama_pair(tmp_path_factory):
     return work, first, second, refs
 
 
+@cell
 def test_the_second_llama_differs_from_the_first_in_every_parameter(llama_pair):
     import safetensors.torch
 
@@ -223,6 +226,7 @@ def test_the_second_llama_differs_from_the_first_in_every_parameter(llama_pair):
     assert not same, f"parameters with elements the sync could leave stale unseen: {same}"
 
 
+@cell
 @pytest.mark.parametrize("kind", list(LLAMA_KINDS))
 def test_a_sync_that_leaves_one_kind_of_parameter_stale_fails_smokes_check(llama_pair, kind):
     import safetensors.torch

@@ -36,7 +36,27 @@ def test_synced_says_no_where_the_two_models_cannot_be_told_apart():
 def test_greedy_logprobs_beyond_the_platforms_tolerance_say_no():
     tokens, logprobs = checks.greedy(_rows([3, 4, 5], [6, 7, 8], logprob=-0.6), FIRST, "cpu")
     assert tokens.ok and not logprobs.ok and "1.00e-01" in logprobs.detail
-    assert checks.greedy(_rows([3, 4, 5], [6, 7, 8], logprob=-0.52), FIRST, "tpu")[1].ok  # bfloat16 passes on a TPU
+    # A TPU's gate runs at checks.GATE_PRECISION: float32 to a few ulps, so 0.02 off is no rounding there.
+    assert checks.GATE_PRECISION == "highest"
+    assert checks.greedy(_rows([3, 4, 5], [6, 7, 8], logprob=-0.5005), FIRST, "tpu")[1].ok
+    assert not checks.greedy(_rows([3, 4, 5], [6, 7, 8], logprob=-0.52), FIRST, "tpu")[1].ok
+
+
+def test_the_default_precision_is_measured_against_its_own_bound():
+    """jax's default precision on a TPU (one bfloat16 pass a matmul) moved
+    the logprobs by up to 0.10 on a v5e: within DEFAULT_PRECISION_BOUND; a
+    stack worse than that, or one whose switch of precision compiled
+    nothing (the measurement would be the gate's precision again), says no."""
+    name = checks.DEFAULT_PRECISION
+    tokens, logprobs = checks.default_precision(_rows([3, 9], [6, 7, 8], logprob=-0.6), SECOND, 10, "transformers")
+    assert (tokens.name, logprobs.name) == (f"{name} tokens", f"{name} logprobs")
+    assert tokens.ok and logprobs.ok and "10 program(s) compiled at jax's default precision" in logprobs.detail, logprobs
+    _, worse = checks.default_precision(_rows([3, 9], [6, 7, 8], logprob=-0.5 - 2 * checks.DEFAULT_PRECISION_BOUND), SECOND, 10, "transformers")
+    assert not worse.ok, worse
+    _, uncompiled = checks.default_precision(_rows([3, 9], [6, 7, 8], logprob=-0.6), SECOND, 0, "transformers")
+    assert not uncompiled.ok and "no program compiled after the switch of precision" in uncompiled.detail, uncompiled
+    wrong, _ = checks.default_precision(FIRST, SECOND, 10, "transformers")
+    assert not wrong.ok, wrong
 
 
 # -- the sampled rows, on logits given here --------------------------------
@@ -170,3 +190,13 @@ def test_a_wrong_greedy_token_is_shown_with_the_references_margin_there():
     reference = [dict(row, margins=[2.0, 0.01, 1.0]) for row in FIRST]
     tokens, _ = checks.greedy(_rows([3, 4, 5], [6, 1, 8]), reference, "tpu")
     assert not tokens.ok and "first apart at token 1; there the reference's best two logprobs are 0.010 apart" in tokens.detail
+
+
+def test_a_chips_table_says_the_precision_smoke_pinned_and_the_one_measured():
+    config = Configuration("llama-device-indexes", chips=1, precision="highest", checks=checks.synced(SECOND, SECOND, FIRST, "tpu", "transformers"))
+    text = report.render(SmokeReport(cpu_simulation=False, configurations=[config]))
+    assert (f"llama-device-indexes: the checks ran at matmul precision 'highest', pinned by smoke; the '{checks.DEFAULT_PRECISION}' rows "
+            f"at jax's default (train_rl's), within {checks.DEFAULT_PRECISION_BOUND}") in text, text
+    assert NOTICE not in text
+    simulated = report.render(SmokeReport(cpu_simulation=True, configurations=[Configuration("llama-device-indexes", precision="default")]))
+    assert "pinned by smoke" not in simulated

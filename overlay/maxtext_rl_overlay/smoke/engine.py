@@ -74,8 +74,10 @@ def llm_kwargs(checkpoint: pathlib.Path, devices: int, additional_config: dict[s
 class Engine:
     """vLLM's engine in this process, in one configuration, and its Result."""
 
-    def __init__(self, configuration: EngineConfiguration, checkpoint: pathlib.Path, cpu_simulation: bool, result_path: pathlib.Path) -> None:
+    def __init__(self, configuration: EngineConfiguration, checkpoint: pathlib.Path, cpu_simulation: bool, result_path: pathlib.Path,
+                 precision: str | None = None) -> None:
         self.configuration, self.checkpoint, self.cpu_simulation = configuration, checkpoint, cpu_simulation
+        self.precision = precision  # jax_default_matmul_precision for the run; None: jax's default
         self.result = Result(configuration.name)
         self.result_path, self.progress = result_path, progress_file(result_path)
         self.additional_config: dict[str, Any] = {}
@@ -112,6 +114,11 @@ class Engine:
 
         jax.monitoring.register_event_duration_secs_listener(compiled)
         self.result.chips, self.result.platform = jax.device_count(), jax.default_backend()
+        if self.precision is not None:
+            # Set before anything is traced: every program the engine compiles
+            # (the model's steps, the sampler) takes it.
+            jax.config.update("jax_default_matmul_precision", self.precision)
+        self.result.precision = self.precision or "default"
         self.additional_config = self.configuration.additional_config(self.checkpoint, self.result.chips)
         os.environ.update(self.configuration.environment)
         if self.cpu_simulation:
@@ -169,10 +176,22 @@ class Engine:
         self.result.sync_path = sync.path
         self.result.seconds["sync"] = round(time.monotonic() - began, 2)
 
-    def serve(self, generates: list[Generate], second: SecondModel | None = None) -> Exception | None:
+    def at_default_precision(self, generates: list[Generate]) -> None:
+        """`generates` after switching the process back to jax's default
+        matmul precision: jax keys its compiled programs by that setting, so
+        the engine's jitted steps compile anew (counted in Result.compiles
+        under each generate's step) and run as train_rl runs them."""
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", None)
+        for generate in generates:
+            self.generate(generate)
+
+    def serve(self, generates: list[Generate], second: SecondModel | None = None, at_default_precision: list[Generate] | None = None) -> Exception | None:
         """Starts the engine, runs the generates, then syncs the second model
-        and runs its generates; returns the exception that stopped it (in
-        Result.stopped too, the step it was in in Result.step), if one did."""
+        and runs its generates, then those to run at jax's default precision;
+        returns the exception that stopped it (in Result.stopped too, the step
+        it was in in Result.step), if one did."""
         try:
             self.start()
             for generate in generates:
@@ -181,6 +200,8 @@ class Engine:
                 self.sync(pathlib.Path(second.checkpoint))
                 for generate in second.generates:
                     self.generate(generate)
+            if at_default_precision:
+                self.at_default_precision(at_default_precision)
             self.result.step = DONE
             return None
         except Exception as error:  # noqa: BLE001 - reported by the parent, with the step it stopped in
@@ -195,10 +216,11 @@ class Engine:
 
 def main(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
     request = Request.from_json(request_path.read_text())
-    engine = Engine(configurations.named(request.config), pathlib.Path(request.checkpoint), request.cpu_simulation, result_path)
+    engine = Engine(configurations.named(request.config), pathlib.Path(request.checkpoint), request.cpu_simulation, result_path,
+                    request.precision)
     engine.prepare()
     engine.load()
-    engine.serve(request.generates, request.sync)
+    engine.serve(request.generates, request.sync, request.at_default_precision)
     engine.write()
     return 0
 

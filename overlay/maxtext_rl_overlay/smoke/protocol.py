@@ -42,6 +42,12 @@ class Request:
     cpu_simulation: bool
     generates: list[Generate]
     sync: SecondModel | None = None
+    #: The matmul precision the engine runs the generates above at
+    #: (jax_default_matmul_precision); None: jax's default.
+    precision: str | None = None
+    #: Generates run last, after switching back to jax's default precision
+    #: (what train_rl runs at): measured against a bound of their own.
+    at_default_precision: list[Generate] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> str:
         def wire(generates: list[Generate]) -> list[Any]:
@@ -49,14 +55,16 @@ class Request:
 
         sync = {"checkpoint": self.sync.checkpoint, "generates": wire(self.sync.generates)} if self.sync else None
         return json.dumps({"config": self.config, "checkpoint": self.checkpoint, "cpu_simulation": self.cpu_simulation,
-                           "generates": wire(self.generates), "sync": sync})
+                           "generates": wire(self.generates), "sync": sync, "precision": self.precision,
+                           "at_default_precision": wire(self.at_default_precision)})
 
     @classmethod
     def from_json(cls, text: str) -> Request:
         doc = json.loads(text)
         sync = doc.get("sync")
         return cls(doc["config"], doc["checkpoint"], doc["cpu_simulation"], [Generate(*g) for g in doc["generates"]],
-                   SecondModel(sync["checkpoint"], [Generate(*g) for g in sync["generates"]]) if sync else None)
+                   SecondModel(sync["checkpoint"], [Generate(*g) for g in sync["generates"]]) if sync else None,
+                   doc.get("precision"), [Generate(*g) for g in doc.get("at_default_precision", [])])
 
 
 @dataclasses.dataclass
@@ -67,6 +75,7 @@ class Result:
     step: str = ""  # the step it is in, or ended in (DONE, or where it stopped)
     chips: int = 0
     platform: str = ""  # jax's backend
+    precision: str = ""  # the matmul precision of the request's generates: "highest", or "default" (jax's)
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)  # the runner's: axis -> size
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)  # "engine_start", each generate, "sync"
     #: Each generate's rows: {"tokens": [...], "logprobs": [...]}.

@@ -4,6 +4,7 @@ seconds; every row of a CPU simulation says so."""
 from __future__ import annotations
 
 from .. import tables
+from . import checks
 from .cpu_simulation import NOTICE
 from .run import SmokeReport
 
@@ -33,6 +34,9 @@ def render(report: SmokeReport) -> str:
         rows.append((name, "-", "-", "-", "-", "-", "skipped", why + (f"  [{NOTICE}]" if report.cpu_simulation else "")))
     lines = [tables.render(rows)]
     lines += [f"{c.name}: the second model synced by {c.sync_path}" for c in report.configurations if c.sync_path]
+    lines += [f"{c.name}: the checks ran at matmul precision {c.precision!r}, pinned by smoke; the '{checks.DEFAULT_PRECISION}' rows "
+              f"at jax's default (train_rl's), within {checks.DEFAULT_PRECISION_BOUND}"
+              for c in report.configurations if c.precision and c.precision != "default"]
     stand_ins = sorted({s for c in report.configurations for s in c.stand_ins})
     if stand_ins:
         lines.append(f"\n{NOTICE}: the TPU kernels ran interpreted on the CPU ({'; '.join(stand_ins)}).")

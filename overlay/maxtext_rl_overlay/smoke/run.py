@@ -68,6 +68,7 @@ class SmokeOptions:
 class Configuration:
     name: str
     chips: int = 0
+    precision: str = ""  # the matmul precision of the gate's generates (checks.GATE_PRECISION on a TPU)
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     checks: list[Check] = dataclasses.field(default_factory=list)
@@ -259,8 +260,14 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
     config = Configuration(name)
     request = work / f"{name}.request.json"
     result_path = work / f"{name}.result.json"
+    # On a chip the gate's generates run at checks.GATE_PRECISION and jax's
+    # default precision is measured last (checks.py's error model); the CPU
+    # computes float32 matmuls in float32 at either.
+    on_chip = not opts.cpu_simulation
     request.write_text(
-        Request(name, str(checkpoint), opts.cpu_simulation, checks.generates(), SecondModel(str(second_checkpoint), checks.after_sync())).to_json()
+        Request(name, str(checkpoint), opts.cpu_simulation, checks.generates(), SecondModel(str(second_checkpoint), checks.after_sync()),
+                precision=checks.GATE_PRECISION if on_chip else None,
+                at_default_precision=checks.at_default_precision() if on_chip else []).to_json()
     )
     with step("smoke", f"{name}: starting the engine on all chips, generating, syncing the second model, generating"):
         try:
@@ -278,7 +285,7 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
         config.checks.append(Check("engine ran", False, f"the engine process died in: {step_of(result_path)} ({tail})"))
         return config
     result = Result.from_json(result_path.read_text())
-    config.chips, config.mesh, config.stand_ins = result.chips, result.mesh, result.stand_ins
+    config.chips, config.mesh, config.stand_ins, config.precision = result.chips, result.mesh, result.stand_ins, result.precision
     config.seconds, config.compiles = result.seconds, result.compiles
     if result.stopped is not None and not {"greedy", "sampled"} <= set(result.generates):
         config.checks.append(Check("engine ran", False, f"stopped in {result.step}: {result.stopped}"))
@@ -295,8 +302,13 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
         config.checks += [*checks.sampled(rows, None, result.platform, by), Check("sampled reference", False, logits)]
     else:
         config.checks += checks.sampled(rows, logits, result.platform, by)
-    if result.stopped is not None:  # in the sync, or in the generate after it
+    if "synced" not in result.generates:  # it stopped in the sync, or in the generate after it
         config.checks.append(Check("weight sync", False, f"stopped in {result.step}: {result.stopped}"))
         return config
     config.checks += checks.synced(result.generates["synced"], second_reference, reference, result.platform, by)
+    if on_chip:
+        measured = result.generates.get(checks.DEFAULT_PRECISION)
+        compiled, _ = result.compiles.get(f"generate {checks.DEFAULT_PRECISION}", (0, 0.0))
+        config.checks += checks.default_precision(measured, second_reference, compiled, by) if measured is not None else [
+            Check(f"{checks.DEFAULT_PRECISION} tokens", False, f"stopped in {result.step}: {result.stopped}")]
     return config

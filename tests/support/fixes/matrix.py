@@ -21,6 +21,13 @@ from support import ROOT
 #: Where the suite runs (scripts/test-matrix.sh --platform): "cpu" simulates
 #: the 8 chips of a TPU v6e-8, "tpu" is a real one.
 PLATFORM = os.environ.get("MRL_PLATFORM", "cpu")
+#: The TPU cell (docs/tpu-cell.md): the suite's tests marked `tpu_cell` on a
+#: TPU host's own chips, however many (one v5e included), which the cell
+#: counts first and names in MRL_TPU_CHIPS: the suite's own process must not
+#: open the chips to count them, or the engines smoke starts could not.
+TPU_CELL = PLATFORM == "tpu" and "MRL_TPU_CHIPS" in os.environ
+#: The chips this run's engines start on.
+CHIPS = int(os.environ["MRL_TPU_CHIPS"]) if TPU_CELL else DEVICES
 
 _PROJECT = load_project(ROOT)
 MATRIX = load_matrix(_PROJECT.options.matrix, where=str(ROOT / "pyproject.toml"), quick=os.environ.get("MRL_QUICK") == "1")

@@ -1,0 +1,86 @@
+"""Breaks of the installed stack that `smoke` must see, each the check that
+must say no: one line of an installed file changed, in a copy of its package
+put first on the engine's path (test_smoke.py; the TPU cell runs the same
+test on its chips).
+
+The sampler's breaks exist once per path the engine can take: on a mesh that
+partitions the vocab (the 8-device CPU simulation, a v6e-8) patch 0006's
+vocab-sharded sampler (vocab_sharded.py); where it does not (one chip)
+sampling.py's own. A break written for the path the engine does not take
+would leave smoke nothing to see, so each run breaks the path its chips
+take (`for_chips`), and the test asserts the line is there once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+#: The sampler's two paths.
+VOCAB_SHARDED = "tpu_inference/layers/jax/sample/vocab_sharded.py"
+REPLICATED = "tpu_inference/layers/jax/sample/sampling.py"
+#: Tunix's sync with mappings (the Llama configuration's).
+TUNIX_SYNC = "tunix/generate/utils.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    file: str  # inside site-packages: its first folder is the package copied
+    right: str  # the line(s) as installed, once in the file
+    wrong: str
+
+    @property
+    def package(self) -> str:
+        return self.file.split("/", 1)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Break:
+    name: str
+    #: The checks that see it: each configuration it reaches fails one of them.
+    checks: tuple[str, ...]
+    #: By sampler path: the edit on the vocab-sharded path, and on the replicated one.
+    sharded: Edit
+    replicated: Edit
+    #: The configurations it reaches (None: every one smoke runs).
+    configurations: tuple[str, ...] | None = None
+
+    def edit(self, chips: int) -> Edit:
+        """The edit for the path an engine on `chips` chips takes (smoke's
+        configurations shard the vocab over every chip)."""
+        return self.sharded if chips > 1 else self.replicated
+
+
+def _same(edit: Edit) -> tuple[Edit, Edit]:
+    return edit, edit
+
+
+BREAKS = [
+    Break("greedy takes the least likely token", ("greedy tokens",),
+          Edit(VOCAB_SHARDED, "        return _argmax(logits, _shard_offset(logits, layout), layout)\n",
+               "        return _argmax(-logits, _shard_offset(logits, layout), layout)\n"),
+          Edit(REPLICATED, "    greedy_tokens = jnp.argmax(logits, axis=-1)\n", "    greedy_tokens = jnp.argmax(-logits, axis=-1)\n")),
+    Break("top-p ignored", ("sampled within top-k, top-p",),
+          Edit(VOCAB_SHARDED, "        apply_topp = (top_p < 1.0)[:, None]\n", "        apply_topp = (top_p < 0.0)[:, None]\n"),
+          Edit(REPLICATED, "    should_apply_topp = jnp.expand_dims(top_p < 1.0, axis=-1)\n",
+               "    should_apply_topp = jnp.expand_dims(top_p < 0.0, axis=-1)\n")),
+    Break("top-k ignored", ("sampled within top-k, top-p",),
+          Edit(VOCAB_SHARDED, "        apply_topk = (top_k > 0)[:, None]\n", "        apply_topk = (top_k < 0)[:, None]\n"),
+          Edit(REPLICATED, "    should_apply_topk = jnp.expand_dims(top_k > 0, axis=-1)\n",
+               "    should_apply_topk = jnp.expand_dims(top_k < 0, axis=-1)\n")),
+    Break("temperature ignored", ("sampled logprobs",),
+          Edit(VOCAB_SHARDED, "        z = logits / jnp.expand_dims(temperature.astype(jnp.float32), -1)\n",
+               "        z = logits + 0 * jnp.expand_dims(temperature.astype(jnp.float32), -1)\n"),
+          Edit(REPLICATED, "    logits = logits / temperatures\n", "    logits = logits + 0 * temperatures\n")),
+    Break("processed logprobs from the unprocessed logits", ("sampled logprobs",),
+          Edit(VOCAB_SHARDED, "        ret_logits = jnp.where(is_greedy[:, None], logits, processed)\n", "        ret_logits = logits\n"),
+          Edit(REPLICATED, "        ret_logits = jnp.where(jnp.expand_dims(is_greedy, axis=-1), logits,\n                               processed_logits)\n",
+               "        ret_logits = logits\n")),
+    # The sync, not the sampler: Tunix's transfer with mappings skips every
+    # norm, so the engine keeps the first model's (the second's are drawn).
+    Break("the Llama's norms not synced", ("synced greedy tokens", "synced greedy logprobs"),
+          *_same(Edit(TUNIX_SYNC, "    val = _apply_transpose(val, flat_src_key, transpose_keys, rollout_engine)\n",
+                      "    if 'norm' in str(flat_src_key):\n      continue\n"
+                      "    val = _apply_transpose(val, flat_src_key, transpose_keys, rollout_engine)\n")),
+          configurations=("llama-device-indexes",)),
+]
+NAMED = {b.name: b for b in BREAKS}
