@@ -13,7 +13,7 @@ import pytest
 
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import proc, staging
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.errors import OverlayError, ProgramMissing, TimedOut
 from maxtext_rl_overlay.pins import load_project
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -72,10 +72,13 @@ def test_a_failing_program_is_an_overlay_error_with_its_output_tail():
     assert message.startswith("demo: counting failed (") and "exited with 4" in message
     assert "line 39" in message and "line 24" not in message  # the tail, not the whole output
     assert proc.run([sys.executable, "-c", "raise SystemExit(4)"], what="x", check=False).returncode == 4
-    with pytest.raises(OverlayError, match="not installed"):
-        proc.run(["no-such-program-mrl"], what="x")
-    with pytest.raises(OverlayError, match="did not finish within 1 s"):
-        proc.run([sys.executable, "-c", "import time; time.sleep(5)"], what="x", timeout=1)
+    with pytest.raises(ProgramMissing, match=r"^demo: x: no-such-program-mrl is not installed \(or not on PATH\)\.$") as missing:
+        proc.run(["no-such-program-mrl"], who="demo", what="x")
+    assert missing.value.program == "no-such-program-mrl"
+    for check in (True, False):  # a time-out is raised whether or not the caller reads the status itself
+        with pytest.raises(TimedOut, match=r"^x: .+ did not finish within 1 s\.$") as late:
+            proc.run([sys.executable, "-c", "import time; time.sleep(5)"], what="x", timeout=1, check=check)
+        assert (late.value.program, late.value.seconds) == (sys.executable, 1)
 
 
 def test_verbose_streams_a_long_step_and_still_captures_it(capsys):

@@ -80,10 +80,10 @@ def test_each_error_carries_its_status():
     from maxtext_rl_overlay.smoke import run
 
     assert cli.ExitCode is errors.ExitCode
-    carried = {kind: kind.status for kind in (errors.OverlayError, errors.UsageError, errors.CheckFailed, run.CannotRun,
-                                              run.BrokenStack, staging.NoSpace)}
-    assert carried == {errors.OverlayError: 3, errors.UsageError: 2, errors.CheckFailed: 1, run.CannotRun: 3, run.BrokenStack: 1,
-                       staging.NoSpace: 3}
+    carried = {kind: kind.status for kind in (errors.OverlayError, errors.UsageError, errors.CheckFailed, errors.TimedOut,
+                                              errors.ProgramMissing, run.CannotRun, run.BrokenStack, staging.NoSpace)}
+    assert carried == {errors.OverlayError: 3, errors.UsageError: 2, errors.CheckFailed: 1, errors.TimedOut: 3, errors.ProgramMissing: 3,
+                       run.CannotRun: 3, run.BrokenStack: 1, staging.NoSpace: 3}
 
 
 # -- 3: a bad input, said in one line ----------------------------------------
