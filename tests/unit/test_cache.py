@@ -18,8 +18,7 @@ import pytest
 
 from maxtext_rl_overlay import buildcache, buildenv
 from maxtext_rl_overlay.errors import OverlayError
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
 
 #: One builder: buildenv.prepare of one entry, with the slow venv making
 #: (uv, torch) replaced by a fake that takes its time filling the entry and

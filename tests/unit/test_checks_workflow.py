@@ -6,7 +6,8 @@ import shlex
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
+
 WORKFLOW = ROOT / ".github" / "workflows" / "checks.yml"
 
 

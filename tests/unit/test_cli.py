@@ -15,8 +15,7 @@ from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import proc, staging
 from maxtext_rl_overlay.errors import OverlayError, ProgramMissing, TimedOut
 from maxtext_rl_overlay.pins import load_project
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
 
 
 def _cli(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:

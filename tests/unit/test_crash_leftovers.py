@@ -26,7 +26,8 @@ from maxtext_rl_overlay import buildcache, registry, staging
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import Pin
 from maxtext_rl_overlay.rebase import upstream
-from unit.unit_support import ROOT, commit_files, default_signals, fake_wheel, git
+from support import ROOT
+from unit.unit_support import commit_files, default_signals, fake_wheel, git
 
 CLEARED = "cleared what a stopped run left beside"
 

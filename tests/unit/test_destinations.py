@@ -22,9 +22,9 @@ import pytest
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import constraintsfile, indexpages, staging
 from maxtext_rl_overlay.errors import OverlayError
+from support import ROOT
 from support.project import project_copy
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Where the build's first network step (MaxText's file list) fails at once.
 THE_INDEX_FAILS = "cannot read the file list of maxtext"
 #: The file in every index the tool makes (indexpages.INDEX_MARKER), as a user sees it.

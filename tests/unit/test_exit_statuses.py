@@ -18,11 +18,11 @@ import pytest
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import testmatrix
 from maxtext_rl_overlay.pins import load_project
+from support import ROOT
 from support.project import project_copy
 from unit.unit_support import maxtext_version
 from unit.unit_support import served as serve
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "overlay" / "maxtext_rl_overlay"
 
 

@@ -30,6 +30,7 @@ import pytest
 
 from maxtext_rl_overlay import interrupts, proc, staging
 from maxtext_rl_overlay.errors import OverlayError
+from support import ROOT
 from unit.unit_support import default_signals
 
 # A program that starts a helper (its own child: the grandchild of the tool)
@@ -258,7 +259,7 @@ def _maxtext_release(folder: pathlib.Path) -> pathlib.Path:
 
     from unit.unit_support import maxtext_version
 
-    version = maxtext_version(pathlib.Path(__file__).resolve().parents[2])
+    version = maxtext_version(ROOT)
     wheel = folder / f"maxtext-{version}-py3-none-any.whl"
     info = f"maxtext-{version}.dist-info"
     meta = (f"Metadata-Version: 2.1\nName: maxtext\nVersion: {version}\nProvides-Extra: tpu-post-train\n"
@@ -300,7 +301,6 @@ def stalled_build(tmp_path):
     server = contextlib.ExitStack()
     url = server.enter_context(serve(served))
 
-    root = pathlib.Path(__file__).resolve().parents[2]
     project = project_copy(tmp_path / "project", licence=True)
     tunix = project / "patches" / "google-tunix"
     for patch in tunix.glob("*.patch"):
@@ -318,7 +318,7 @@ def stalled_build(tmp_path):
     (bin_dir / "uv").chmod(0o755)
     out = tmp_path / "rel" / "dist"
     env = dict(uv_offline_env(tmp_path), UV_DEFAULT_INDEX=url, MRL_CACHE_DIR=str(tmp_path / "cache"),
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HANGING_UV_DIR=str(tmp_path), TMPDIR=str(tmp), PYTHONPATH=str(root / "overlay"))
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HANGING_UV_DIR=str(tmp_path), TMPDIR=str(tmp), PYTHONPATH=str(ROOT / "overlay"))
     args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--project", str(project), "--only", "google-tunix", "--unpinned", "--torch-standin",
             "--source", f"google-tunix={tree}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
     yield args, env, tmp_path

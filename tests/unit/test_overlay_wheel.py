@@ -16,8 +16,8 @@ import pytest
 
 from maxtext_rl_overlay import build, manifest, overlayfiles
 from maxtext_rl_overlay.pins import load_project
+from support import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 STRAY = "overlay/maxtext_rl_overlay/stray.py"
 GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@u",
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}

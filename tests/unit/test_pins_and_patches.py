@@ -4,7 +4,6 @@ fact is kept in two places that could drift apart."""
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import shlex
 import subprocess
@@ -15,8 +14,8 @@ from packaging.specifiers import SpecifierSet
 from maxtext_rl_overlay import gittree, inputdigests, patchfile
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
+from support import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROJECT = load_project(ROOT)
 
 

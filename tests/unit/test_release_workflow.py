@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from maxtext_rl_overlay import indexpages
+from support import ROOT
 from unit.unit_support import assert_refuses_an_unpinned_base, assert_uploads_every_junit, fake_wheel
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 PUBLISH = ROOT / "scripts" / "publish-pages.sh"
 
