@@ -148,7 +148,9 @@ def releases(tmp_path_factory, standin):
     old = top / "old"
     build_standins(project, old / "dist", standin, top / "old-cache")
     text = (project / "pyproject.toml").read_text()
-    revision = int(re.search(r"^revision = (\d+)$", text, re.M).group(1))
+    found = re.search(r"^revision = (\d+)$", text, re.M)
+    assert found, "pyproject.toml names its revision"
+    revision = int(found.group(1))
     (project / "pyproject.toml").write_text(re.sub(r"^revision = \d+$", f"revision = {revision + 1}", text, flags=re.M))
     new = top / "new"
     build_standins(project, new / "dist", standin, top / "empty-cache")

@@ -119,7 +119,7 @@ def test_a_signal_while_a_program_starts_is_raised_once_it_can_be_stopped(tmp_pa
         _spin()
         return child
 
-    monkeypatch.setattr(proc.subprocess, "Popen", popen_then_signal)
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)  # as proc calls it
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     with interrupts.installed(), pytest.raises(KeyboardInterrupt):
         if how == "run":
@@ -209,7 +209,7 @@ def test_a_signal_between_the_renames_leaves_the_new_folder_in_place(tmp_path, m
             os.kill(os.getpid(), signal.SIGTERM)
             _spin()
 
-    monkeypatch.setattr(staging.os, "replace", replace_then_signal)
+    monkeypatch.setattr(os, "replace", replace_then_signal)  # as staging calls it
     monkeypatch.setattr(staging, "_exchange", lambda a, b: False)  # the two renames: a filesystem without an atomic exchange
     with interrupts.installed(), pytest.raises(KeyboardInterrupt), staging.staged_dir(dest, replace="MARK") as new:
         (new / "new").write_text("new")
@@ -364,6 +364,7 @@ def test_a_hang_up_or_quit_stops_a_build_as_an_interrupt_does(stalled_build, sig
     import pty
 
     args, env, top = stalled_build
+    master: int | None
     master, terminal = pty.openpty()
     tool = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env, start_new_session=True,
                             preexec_fn=default_signals)
@@ -409,4 +410,5 @@ def test_a_build_started_with_hang_ups_ignored_keeps_running_through_one(stalled
     finally:
         if tool.poll() is None:
             tool.kill()
+        assert tool.stderr is not None
         tool.stderr.close()

@@ -125,7 +125,9 @@ def test_readme_commands_are_the_ones_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "uv pip install -c constraints.txt maxtext-rl-overlay" in readme
-    test_command = re.search(r"<!-- test-command -->\n```sh\n(.+)\n```", readme).group(1)
+    found = re.search(r"<!-- test-command -->\n```sh\n(.+)\n```", readme)
+    assert found, "the README shows the test command"
+    test_command = found.group(1)
     assert test_command in ci
 
 

@@ -52,7 +52,7 @@ def _needs(job: dict) -> list[str]:
 
 def test_runs_on_a_v_tag_on_hosted_runners_but_the_smoke_on_the_tpu_runner():
     doc = _doc()
-    on = doc.get("on", doc.get(True))  # YAML 1.1 reads the key `on` as true
+    on = doc["on"] if "on" in doc else doc[True]  # YAML 1.1 reads the key `on` as true
     assert on["push"]["tags"] == ["v*"] and set(on) == {"push"}
     for name, job in doc["jobs"].items():
         runs_on = job["runs-on"]
