@@ -16,5 +16,6 @@ echo "scripts/test.sh: upstream sources: ${MRL_SOURCES:-none (the PyPI stand-ins
 # Lint and types first: seconds, and a finding fails the run like a test.
 ruff check overlay tests scripts
 mypy
+mypy tests/fixes/tpu-inference/conftest.py  # a second `conftest` module: pyproject's [tool.mypy] says why
 python -m pytest tests/unit tests/pipeline tests/rebase -p no:cacheprovider "$@"
 scripts/test-matrix.sh --platform cpu --quick --standins

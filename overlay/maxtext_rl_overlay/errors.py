@@ -46,3 +46,23 @@ class CheckFailed(OverlayError):
     (smoke's stack fails to import): the answer, not a failure to answer."""
 
     status = ExitCode.CHECK_FAILED
+
+
+class TimedOut(OverlayError):
+    """A program did not finish within the seconds it was given (`proc.run`'s
+    `timeout`); it was stopped, its whole process group with it. Callers that
+    report a time-out as an answer ("timed out after N s") catch this, and
+    only this."""
+
+    def __init__(self, program: str, seconds: float, *, what: str, blame: str = "") -> None:
+        self.program, self.seconds = program, seconds
+        super().__init__(f"{blame}{what}: {program} did not finish within {seconds:.0f} s.")
+
+
+class ProgramMissing(OverlayError):
+    """A program to run is not installed, or not on PATH: nothing was
+    started."""
+
+    def __init__(self, program: str, *, what: str, blame: str = "") -> None:
+        self.program = program
+        super().__init__(f"{blame}{what}: {program} is not installed (or not on PATH).")

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from . import interrupts
-from .errors import OverlayError
+from .errors import OverlayError, ProgramMissing, TimedOut
 
 #: How many lines of a failed program's output an error message ends with.
 TAIL_LINES = 15
@@ -72,8 +72,9 @@ def run(
     `inherit_env`, is the whole environment). With
     `check` a non-zero exit raises OverlayError; without, the caller reads
     the return code. Without `capture` the output goes to this process's
-    stdout and stderr (a test run the user watches). `timeout` raises
-    OverlayError either way."""
+    stdout and stderr (a test run the user watches). Past `timeout` the
+    program is stopped and TimedOut is raised, with or without `check`; a
+    program not installed is ProgramMissing."""
     args = [os.fspath(c) for c in cmd]
     full_env = (dict(os.environ, **env) if inherit_env else dict(env)) if env is not None else None
     prefix = f"[{who}] " if who else ""  # the progress lines' form, for the -v echo
@@ -87,7 +88,8 @@ def run(
         out, err = _streamed(child, data, text, timeout, prefix) if streamed else child.communicate(data, timeout=timeout)
     except subprocess.TimeoutExpired:
         stop(child)
-        raise OverlayError(f"{blame}{what}: {args[0]} did not finish within {timeout:.0f} s.") from None
+        assert timeout is not None  # (only a timeout expires)
+        raise TimedOut(args[0], timeout, what=what, blame=blame) from None
     except BaseException:
         stop(child)
         if not streamed:  # (the pumping threads end at the pipes' end of file)
@@ -117,7 +119,7 @@ def _spawn(args: list[str], *, what: str, blame: str, echo: str, **popen: Any) -
     arguments: `run`'s and `start`'s one way to start a program. `echo` is
     the -v echo of the command line; a signal whose exception was swallowed
     on the way starts nothing; a signal during the start stops the child
-    before it is raised; a program not installed is an OverlayError naming
+    before it is raised; a program not installed is ProgramMissing naming
     `what` (after `blame`, the distribution or stage)."""
     if _verbose:
         print(echo, file=sys.stderr, flush=True)
@@ -133,7 +135,7 @@ def _spawn(args: list[str], *, what: str, blame: str, echo: str, **popen: Any) -
             stop(child)
             _close_pipes(child)
             raise
-        raise OverlayError(f"{blame}{what}: {args[0]} is not installed (or not on PATH).") from None
+        raise ProgramMissing(args[0], what=what, blame=blame) from None
     except BaseException:
         if child is not None:
             stop(child)

@@ -21,7 +21,7 @@ import tarfile
 import zipfile
 
 from . import buildcache, gittree, options
-from .errors import OverlayError
+from .errors import OverlayError, TimedOut
 from .git import git, inside_package, reason, tree_entries
 from .git import out as gitout
 from .pins import Pin
@@ -261,8 +261,8 @@ def _fetch_pinned(pin: Pin, mirror: pathlib.Path, flag: str) -> None:
                 proc = git("fetch", "-q", "--depth=1", pin.repository, pin.commit, git_dir=mirror, check=False, timeout=FETCH_TIMEOUT)
                 failed = proc.returncode != 0
                 why = reason(str(proc.stderr), "git fetch failed")
-            except OverlayError:  # the timeout
-                failed, why = True, f"timed out after {FETCH_TIMEOUT} s"
+            except TimedOut as exc:
+                failed, why = True, f"timed out after {exc.seconds:.0f} s"
         if failed:
             raise OverlayError(
                 f"{pin.distribution}: cannot reach {pin.repository} to fetch the pinned commit {pin.commit} "

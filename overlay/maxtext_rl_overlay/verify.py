@@ -32,7 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import manifest, proc, tables
 from .digest import sha256_file
-from .errors import OverlayError
+from .errors import TimedOut
 from .manifest import Manifest
 
 #: How long the import check may take (tpu_inference alone imports vLLM,
@@ -239,7 +239,7 @@ def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Fin
     try:
         result = proc.run([python, "-c", _RESOLVER, json.dumps(asked)], check=False, timeout=RESOLVE_TIMEOUT,
                           env={"PYTHONWARNINGS": "ignore"}, what="finding where each module resolves, in a fresh process")
-    except OverlayError:  # it did not finish in time
+    except TimedOut:  # it did not finish in time
         result = None
     try:
         found = json.loads(result.stdout.strip().splitlines()[-1]) if result else None
@@ -331,7 +331,7 @@ def check_imports(doc: Manifest | None = None, *, python: str = sys.executable) 
     try:
         result = proc.run([python, "-c", _IMPORTER, *modules], check=False, timeout=IMPORT_TIMEOUT, env={"PYTHONWARNINGS": "ignore"},
                           what="importing the stack in a fresh process")
-    except OverlayError:  # it did not finish in time
+    except TimedOut:  # it did not finish in time
         return [Finding(d, f"import {m}", "imported", f"timed out after {IMPORT_TIMEOUT} s", False) for m, d in modules.items()]
     done: dict[str, str] = {}
     for line in result.stdout.splitlines():

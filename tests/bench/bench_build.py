@@ -35,8 +35,8 @@ def timed(cmd: list[str], **kw) -> float:
 def main(pairs: list[str]) -> None:
     names = [p.split("=", 1)[0] for p in pairs]
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="bench-build-") as tmp:
-        tmp = pathlib.Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="bench-build-") as folder:
+        tmp = pathlib.Path(folder)
         cache = tmp / "cache"
         env = dict(os.environ, MRL_CACHE_DIR=str(cache), UV_PYTHON_DOWNLOADS="never")
         build = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--project", str(ROOT), "--unpinned", "--torch-standin",

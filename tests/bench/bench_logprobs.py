@@ -46,6 +46,7 @@ Asserts nothing; times are of this machine, shared or not.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from support.fixes.matrix import simulate_v6e_8  # tests/ on PYTHONPATH (the scripts/bench-*.sh wrapper)
 
@@ -182,7 +183,7 @@ def main() -> None:
     print(f"engine: mesh axis types {tuple(str(t) for t in engine_mesh.axis_types)}, logits {engine_spec}; "
           f"explicit: {tuple(str(t) for t in explicit_mesh.axis_types)}, logits P('data', 'model')")
     print(f"{'B':>4} {'k':>3} {'config':>8} {'variant':>8} {'median_ms':>10} {'collective_bytes':>17} {'exact':>6}")
-    last = None
+    last: tuple[Any, Any] | None = None
     ratios: dict = {}
     for b in BATCHES:
         logits = rng.standard_normal((b, V), dtype=np.float32) * 4
@@ -216,6 +217,7 @@ def main() -> None:
                                       sampled["overlay"][2])
             if (b, k) == (256, 20):
                 last = stats, same_program
+    assert last is not None, "the (256, 20) case ran"
     stats, same_program = last
     (o_s, o_b, o_x), (u_s, _, _) = stats["engine"]["overlay"], stats["engine"]["upstream"]
     (p_s, p_b, p_x), (r_s, r_b, _) = stats["explicit"]["patched"], stats["explicit"]["reshard"]

@@ -348,6 +348,7 @@ def test_interrupted_build_publishes_nothing(previous, project, standin, tmp_pat
     # The signals at their defaults in the build, however this suite was
     # started (a background job's children start with SIGINT ignored).
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_signals)
+    assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # interrupt in the middle: during the second wheel's build
         seen.append(line)

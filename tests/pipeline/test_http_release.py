@@ -18,6 +18,7 @@ import threading
 import urllib.request
 import uuid
 import zipfile
+from collections.abc import Callable
 
 import pytest
 
@@ -32,7 +33,23 @@ OURS = ("google-tunix", "maxtext-rl-overlay", "maxtext-vllm-adapter", "tpu-infer
 ALONE = tuple(name for name in OURS if name != "maxtext-vllm-adapter")
 
 
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    """The server, with what its handler reads: the paths asked, the stall
+    rule, and the events of a stalled download."""
+
+    def __init__(self, handler: functools.partial[_Handler], stall: Callable[[str], bool] | None) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.daemon_threads = True
+        self.block_on_close = False
+        self.requests: list[str] = []
+        self.stall = stall
+        self.stalled = threading.Event()
+        self.stopping = threading.Event()
+
+
 class _Handler(http.server.SimpleHTTPRequestHandler):
+    server: _HTTPServer
+
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         self.server.requests.append(self.path)
 
@@ -64,13 +81,7 @@ class Server:
     def __init__(self, root: pathlib.Path, *, stall=None):
         """stall(path) -> bool: the first GET it says yes to gets half the file,
         then the connection hangs until stop()."""
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
-        self.httpd.daemon_threads = True
-        self.httpd.block_on_close = False
-        self.httpd.requests = []
-        self.httpd.stall = stall
-        self.httpd.stalled = threading.Event()
-        self.httpd.stopping = threading.Event()
+        self.httpd = _HTTPServer(functools.partial(_Handler, directory=str(root)), stall)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
@@ -264,9 +275,11 @@ def test_server_stopped_mid_install_leaves_nothing_verify_calls_good(release, tm
     with Server(root, stall=stall) as server:
         cmd = ["uv", "pip", "install", "-p", str(venv / "bin" / "python"), "-c", f"{server.url}/{rel}/constraints.txt", "maxtext-rl-overlay"]
         proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+        stderr = proc.stderr
+        assert stderr is not None
 
         def read():
-            for line in proc.stderr:
+            for line in stderr:
                 lines.append(line)
                 if line.startswith("Resolved "):
                     resolved.set()
@@ -292,6 +305,6 @@ def test_server_stopped_mid_install_leaves_nothing_verify_calls_good(release, tm
         assert _verify(venv).returncode != 0
     # The server back (any port: the links are relative): the same command works.
     with Server(root) as again:
-        proc = _install(venv, f"{again.url}/{rel}/constraints.txt")
-        assert proc.returncode == 0, proc.stderr
+        done = _install(venv, f"{again.url}/{rel}/constraints.txt")
+        assert done.returncode == 0, done.stderr
     assert _verify(venv).returncode == 0

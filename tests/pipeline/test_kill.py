@@ -32,6 +32,7 @@ import time
 
 import pytest
 
+from support import ROOT
 from support.pipeline import build_standins
 from unit.unit_support import SmallFs
 
@@ -140,15 +141,16 @@ def releases(tmp_path_factory, standin):
     top = tmp_path_factory.mktemp("kill")
     project = top / "project"
     project.mkdir()
-    root = pathlib.Path(__file__).resolve().parents[2]
     for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(root / name, project / name)
+        shutil.copy2(ROOT / name, project / name)
     for name in ("overlay", "patches"):
-        shutil.copytree(root / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
+        shutil.copytree(ROOT / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "manifest.json"))
     old = top / "old"
     build_standins(project, old / "dist", standin, top / "old-cache")
     text = (project / "pyproject.toml").read_text()
-    revision = int(re.search(r"^revision = (\d+)$", text, re.M).group(1))
+    found = re.search(r"^revision = (\d+)$", text, re.M)
+    assert found, "pyproject.toml names its revision"
+    revision = int(found.group(1))
     (project / "pyproject.toml").write_text(re.sub(r"^revision = \d+$", f"revision = {revision + 1}", text, flags=re.M))
     new = top / "new"
     build_standins(project, new / "dist", standin, top / "empty-cache")

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from maxtext_rl_overlay.pins import load_project
-from unit.unit_support import ROOT, SMALL_CODE, PackageIndex, commit_files, default_signals, git, maxtext_release, patch_of, series_project
+from support import ROOT
+from unit.unit_support import SMALL_CODE, PackageIndex, commit_files, default_signals, git, maxtext_release, patch_of, series_project
 
 TPU = pathlib.Path("patches/tpu-inference")
 B, C, D = "tpu_inference/b.py", "tpu_inference/c.py", "tpu_inference/d.py"

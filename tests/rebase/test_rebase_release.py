@@ -18,10 +18,10 @@ from packaging.version import Version
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
 from maxtext_rl_overlay.rebase.release import QueuedMove, ReleaseState, parse_deps
+from support import ROOT
 from unit.unit_support import PackageIndex, commit_files, git, maxtext_release, maxtext_version, small_patch, small_project
 from unit.unit_support import small_upstream as make_small_upstream
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 TPU = pathlib.Path("patches/tpu-inference")
 ROOT_PINS = {name: pin.commit for name, pin in load_project(ROOT).pins.items()}
 #: What MaxText 0.2.4's wheel names: the overlay's pins of today.

@@ -19,7 +19,6 @@ from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import set_pin_values
 from unit.unit_support import SMALL_CODE, commit_files, git, small_patch, small_project, small_upstream
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 TPU = pathlib.Path("patches/tpu-inference")
 CODE = SMALL_CODE
 

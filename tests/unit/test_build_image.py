@@ -16,7 +16,8 @@ import zipfile
 
 import pytest
 
-from unit.unit_support import ROOT, served
+from support import ROOT
+from unit.unit_support import served
 
 SCRIPT = ROOT / "scripts" / "build-image.sh"
 CONTAINERFILE = ROOT / "image" / "Containerfile"

@@ -18,8 +18,7 @@ import pytest
 
 from maxtext_rl_overlay import buildcache, buildenv
 from maxtext_rl_overlay.errors import OverlayError
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
 
 #: One builder: buildenv.prepare of one entry, with the slow venv making
 #: (uv, torch) replaced by a fake that takes its time filling the entry and
@@ -67,6 +66,7 @@ def test_two_builders_of_one_build_environment(tmp_path):
         assert first.poll() is None, first.communicate()
     second = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
+    assert second.stderr is not None
     for line in second.stderr:  # the first holds the entry until the second says it waits for it
         seen.append(line)
         if "waiting for another build to finish with the cache's buildenv/" in line:
@@ -282,7 +282,8 @@ def test_a_damaged_kept_wheel_is_said_removed_and_built_afresh(tmp_path, capsys,
     assert wheels.kept_wheel(cache, inputs, tmp_path / "out", "x") is None
     assert capsys.readouterr().err == "", "no entry: nothing to say"
     wheels.keep_wheel(cache, inputs, wheel, "x")
-    assert wheels.kept_wheel(cache, inputs, tmp_path / "out", "x").read_bytes() == b"the wheel"
+    kept = wheels.kept_wheel(cache, inputs, tmp_path / "out", "x")
+    assert kept is not None and kept.read_bytes() == b"the wheel"
     (entry,) = (cache / "wheels").iterdir()
     record = entry / "record.json"
     if damage == "wheel bytes":

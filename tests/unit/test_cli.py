@@ -13,10 +13,9 @@ import pytest
 
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import proc, staging
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.errors import ExitCode, OverlayError, ProgramMissing, TimedOut
 from maxtext_rl_overlay.pins import load_project
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
 
 
 def _cli(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
@@ -26,18 +25,18 @@ def _cli(*args: str, cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
 def test_exit_statuses_are_distinct_and_documented():
     """docs/command.md's table (the README links it) and --help name each."""
     table = dict(re.findall(r"(?m)^\| (\d+) \| (.+) \|$", (ROOT / "docs" / "command.md").read_text()))
-    assert sorted(int(k) for k in table) == sorted(int(c) for c in cli.ExitCode)
-    assert len(set(cli.ExitCode)) == len(cli.ExitCode.__members__)
+    assert sorted(int(k) for k in table) == sorted(int(c) for c in ExitCode)
+    assert len(set(ExitCode)) == len(ExitCode.__members__)
     help_text = _cli("--help").stdout
-    for code in cli.ExitCode:
+    for code in ExitCode:
         assert re.search(rf"(?m)^  {int(code)}\s+\S", help_text), help_text
 
 
 def test_usage_error_and_failure_exit_differently(tmp_path):
     usage = _cli("rebase", "no-such-upstream", "HEAD")
-    assert usage.returncode == cli.ExitCode.USAGE and "invalid choice" in usage.stderr
+    assert usage.returncode == ExitCode.USAGE and "invalid choice" in usage.stderr
     failure = _cli("lint", cwd=tmp_path)  # no checkout here
-    assert failure.returncode == cli.ExitCode.ERROR, failure.stderr
+    assert failure.returncode == ExitCode.ERROR, failure.stderr
     assert "not inside a maxtext-rl-overlay checkout" in failure.stderr and "Traceback" not in failure.stderr
 
 
@@ -72,10 +71,13 @@ def test_a_failing_program_is_an_overlay_error_with_its_output_tail():
     assert message.startswith("demo: counting failed (") and "exited with 4" in message
     assert "line 39" in message and "line 24" not in message  # the tail, not the whole output
     assert proc.run([sys.executable, "-c", "raise SystemExit(4)"], what="x", check=False).returncode == 4
-    with pytest.raises(OverlayError, match="not installed"):
-        proc.run(["no-such-program-mrl"], what="x")
-    with pytest.raises(OverlayError, match="did not finish within 1 s"):
-        proc.run([sys.executable, "-c", "import time; time.sleep(5)"], what="x", timeout=1)
+    with pytest.raises(ProgramMissing, match=r"^demo: x: no-such-program-mrl is not installed \(or not on PATH\)\.$") as missing:
+        proc.run(["no-such-program-mrl"], who="demo", what="x")
+    assert missing.value.program == "no-such-program-mrl"
+    for check in (True, False):  # a time-out is raised whether or not the caller reads the status itself
+        with pytest.raises(TimedOut, match=r"^x: .+ did not finish within 1 s\.$") as late:
+            proc.run([sys.executable, "-c", "import time; time.sleep(5)"], what="x", timeout=1, check=check)
+        assert (late.value.program, late.value.seconds) == (sys.executable, 1)
 
 
 def test_verbose_streams_a_long_step_and_still_captures_it(capsys):
@@ -122,7 +124,7 @@ def test_staged_dir_appears_whole_or_not_at_all(tmp_path):
                                           ("publish-pages.sh", "--tag"), ("publish-pages.sh", "--site"), ("publish-pages.sh", "--branch")])
 def test_a_script_flag_without_its_value_is_a_usage_error(script, flag, tmp_path):
     done = subprocess.run(["bash", str(ROOT / "scripts" / script), flag], capture_output=True, text=True, cwd=tmp_path, timeout=60)
-    assert done.returncode == cli.ExitCode.USAGE, done.stderr
+    assert done.returncode == ExitCode.USAGE, done.stderr
     assert f"{flag} needs a value" in done.stderr and "usage: scripts/" in done.stderr
     assert "unbound variable" not in done.stderr
 
@@ -130,7 +132,7 @@ def test_a_script_flag_without_its_value_is_a_usage_error(script, flag, tmp_path
 def test_rebase_sh_documents_the_commands_exit_statuses():
     header = " ".join(line.lstrip("# ") for line in (ROOT / "scripts" / "rebase.sh").read_text().splitlines() if line.startswith("#"))
     statuses = header[header.index("Exit status"):]
-    assert sorted(int(n) for n in re.findall(r"(?<![\w.-])(\d+) (?:once|at|when|on)\b", statuses)) == sorted(int(c) for c in cli.ExitCode)
+    assert sorted(int(n) for n in re.findall(r"(?<![\w.-])(\d+) (?:once|at|when|on)\b", statuses)) == sorted(int(c) for c in ExitCode)
 
 
 def test_lint_reports_a_malformed_patch_as_a_finding_and_goes_on(tmp_path):
@@ -142,7 +144,7 @@ def test_lint_reports_a_malformed_patch_as_a_finding_and_goes_on(tmp_path):
     broken = series[0]
     broken.write_text("not a patch at all\n")
     done = _cli("lint", "--project", str(project))
-    assert done.returncode == cli.ExitCode.CHECK_FAILED, done.stderr
+    assert done.returncode == ExitCode.CHECK_FAILED, done.stderr
     assert f"{broken} is not a git format-patch file" in done.stdout and "Traceback" not in done.stderr
     assert done.stdout.rstrip().endswith(f"lint: {len(series)} patch(es), 1 problem(s)")  # the others linted too
 
@@ -153,7 +155,7 @@ def test_the_rebase_modes_are_one_typed_request(tmp_path, monkeypatch):
     from maxtext_rl_overlay.rebase.options import Abort, FindBase, RebaseOptions, ReleaseOptions, Resume, parse_request
 
     monkeypatch.chdir(tmp_path)  # a relative PATH is resolved where the command is given
-    none = dict(name=None, new_ref=None, maxtext=None, sources=[], build=False, standins=False, apply_vllm_lkg=False,
+    none: dict[str, object] = dict(name=None, new_ref=None, maxtext=None, sources=[], build=False, standins=False, apply_vllm_lkg=False,
                 find_base=False, run_tests=True, resume=False, abort=False)
 
     def parse(**given):

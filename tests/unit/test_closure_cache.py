@@ -15,6 +15,7 @@ import tempfile
 import pytest
 
 from maxtext_rl_overlay import closures, indexpages, registry
+from maxtext_rl_overlay.digest import sha256_file
 from maxtext_rl_overlay.environment import Environment, Torch
 from maxtext_rl_overlay.errors import OverlayError
 from unit.unit_support import fake_wheel, installable_wheel, uv_offline_env
@@ -221,7 +222,7 @@ def index_of(tmp_path, monkeypatch):
     def files(project):
         reads.append(project)
         return [{"filename": "maxtext-0.2.4.tar.gz", "url": (served / "none").as_uri(), "hashes": {"sha256": "0" * 64}},
-                {"filename": wheel.name, "url": wheel.as_uri(), "hashes": {"sha256": registry.sha256_file(wheel)}}]
+                {"filename": wheel.name, "url": wheel.as_uri(), "hashes": {"sha256": sha256_file(wheel)}}]
 
     monkeypatch.setattr(registry, "files", files)
     for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):

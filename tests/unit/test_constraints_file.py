@@ -18,6 +18,7 @@ from packaging.version import Version
 from maxtext_rl_overlay import closures, constraintsfile, inputdigests
 from maxtext_rl_overlay.environment import Environment, Torch
 from maxtext_rl_overlay.pins import load_project
+from support import ROOT
 from unit.unit_support import UV, installable_wheel, uv_offline_env
 
 
@@ -98,7 +99,6 @@ def test_header_says_how_it_was_made_and_ours_keep_their_annotations():
 
 # -- the inputs it was made from: a stale file is found offline ---------------
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 MADE_BY = ("Made by: maxtext-rl-overlay build --source google-tunix=PATH --source vllm=PATH --unpinned",
            "  google-tunix: --source a git repository, commit " + "1" * 40 + ", tree " + "2" * 40,
            "  vllm: --source vllm-0.25.0.tar.gz, tree " + "3" * 40 + " (NOT the pin)",

@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -23,10 +24,12 @@ import time
 import pytest
 
 from maxtext_rl_overlay import buildcache, registry, staging
+from maxtext_rl_overlay.digest import sha256_file
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import Pin
 from maxtext_rl_overlay.rebase import upstream
-from unit.unit_support import ROOT, commit_files, default_signals, fake_wheel, git
+from support import ROOT
+from unit.unit_support import commit_files, default_signals, fake_wheel, git
 
 CLEARED = "cleared what a stopped run left beside"
 
@@ -100,7 +103,7 @@ def test_a_download_killed_into_the_cache_is_cleared_by_the_next_one(tmp_path, m
     assert not (dest / "maxtext-0.2.4.release.json").exists(), "no record of a release that was not whole"
 
     monkeypatch.setattr(registry, "files", lambda project: [
-        {"filename": wheel.name, "url": wheel.as_uri(), "hashes": {"sha256": registry.sha256_file(wheel)}}])
+        {"filename": wheel.name, "url": wheel.as_uri(), "hashes": {"sha256": sha256_file(wheel)}}])
     got = registry.release_wheel("maxtext", "0.2.4", dest)
     assert got.read_bytes() == wheel.read_bytes()
     assert sorted(p.name for p in dest.iterdir()) == sorted([wheel.name, "maxtext-0.2.4.release.json"])
@@ -176,7 +179,7 @@ def test_a_killed_runs_scratch_folder_is_left_in_tmpdir_and_never_read(tmp_path,
     _killed("before rename x", SCRATCH, env=dict(os.environ, TMPDIR=str(tmpdir)))
     (left,) = tmpdir.iterdir()
     assert left.name.startswith("mrl-test-") and [p.name for p in left.iterdir()] == ["half"]
-    monkeypatch.setattr(staging.tempfile, "tempdir", str(tmpdir))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
     with staging.scratch_dir("mrl-test-") as fresh:
         assert fresh != left and not any(fresh.iterdir()), "a new run starts from an empty folder of its own"
     assert list(tmpdir.iterdir()) == [left], "another run's scratch folder (live or not) is not the next run's to remove"

@@ -19,12 +19,11 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import constraintsfile, indexpages, staging
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.errors import ExitCode, OverlayError
+from support import ROOT
 from support.project import project_copy
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Where the build's first network step (MaxText's file list) fails at once.
 THE_INDEX_FAILS = "cannot read the file list of maxtext"
 #: The file in every index the tool makes (indexpages.INDEX_MARKER), as a user sees it.
@@ -82,7 +81,7 @@ def test_an_out_that_is_not_the_tools_is_refused_and_left_whole(project, tmp_pat
     before = {folder: _tree(folder) for folder in (home, work, project)}
     cwd = work if case == "the current folder" else project
     done = _build(project, "--out", str(out), "--constraints", str(tmp_path / "constraints.txt"), env=env, cwd=cwd)
-    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    assert done.returncode == ExitCode.ERROR, done.stderr
     assert says in _error(done)
     assert {folder: _tree(folder) for folder in (home, work, project)} == before
     assert not (tmp_path / "constraints.txt").exists()
@@ -98,7 +97,7 @@ def test_an_out_that_is_the_tools_is_let_through(project, tmp_path, case):
         (out / MARKER).write_text("")
         (out / "old.whl").write_text("")
     done = _build(project, "--out", str(out), "--constraints", str(tmp_path / "constraints.txt"), env=_env(tmp_path))
-    assert done.returncode == cli.ExitCode.ERROR and THE_INDEX_FAILS in _error(done), done.stderr
+    assert done.returncode == ExitCode.ERROR and THE_INDEX_FAILS in _error(done), done.stderr
     assert not [p.name for p in tmp_path.iterdir() if ".partial-" in p.name], "the checks leave nothing behind"
 
 
@@ -122,7 +121,7 @@ def test_every_index_carries_the_marker_and_only_a_marked_folder_is_replaced(tmp
 def test_constraints_inside_out_is_refused(project, tmp_path):
     out = tmp_path / "dist"
     done = _build(project, "--out", str(out), "--constraints", str(out / "constraints.txt"), env=_env(tmp_path))
-    assert done.returncode == cli.ExitCode.ERROR
+    assert done.returncode == ExitCode.ERROR
     assert f"--constraints {out / 'constraints.txt'} is inside --out {out}" in _error(done)
     assert not out.exists() and not (tmp_path / "cache").exists()
 
@@ -150,7 +149,7 @@ def test_a_destination_that_cannot_be_written_is_refused_before_any_work(project
     else:
         constraints = target
     done = _build(project, "--out", str(out), "--constraints", str(constraints), env=_env(tmp_path))
-    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    assert done.returncode == ExitCode.ERROR, done.stderr
     assert _error(done).endswith(f"error: cannot write {target}: {says}.")
     assert not (tmp_path / "cache").exists(), "refused before any work"
 
@@ -185,7 +184,7 @@ def test_a_second_build_to_one_destination_waits_for_the_first(project, tmp_path
     finally:
         os.close(fd)
     rest = second.stderr.read()
-    assert second.wait(timeout=120) == cli.ExitCode.ERROR and THE_INDEX_FAILS in rest, rest
+    assert second.wait(timeout=120) == ExitCode.ERROR and THE_INDEX_FAILS in rest, rest
 
 
 # -- 9: modes ----------------------------------------------------------------
@@ -210,7 +209,7 @@ def test_a_constraints_that_is_not_the_tools_is_refused_and_left_whole(project, 
     target = project / name
     before = target.read_bytes()
     done = _build(project, "--out", str(tmp_path / "dist"), "--constraints", str(target), env=_env(tmp_path))
-    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    assert done.returncode == ExitCode.ERROR, done.stderr
     assert _error(done).endswith(f"error: --constraints {target} is not a constraints file the tool wrote (it lacks the first line "
                                  f"{constraintsfile.CONSTRAINTS_HEADER!r}): it is not replaced, since what it holds would be lost. Name an absent "
                                  "or empty file, or a constraints file an earlier run wrote; if this one is, remove it by hand.")
@@ -225,7 +224,7 @@ def test_a_constraints_that_is_the_tools_is_let_through(project, tmp_path, case)
     target.write_text({"empty": "", "the tool's": constraintsfile.CONSTRAINTS_HEADER + "\n--find-links ./dist\n",
                        "the committed one": (ROOT / "constraints.txt").read_text()}[case])
     done = _build(project, "--out", str(tmp_path / "dist"), "--constraints", str(target), env=_env(tmp_path))
-    assert done.returncode == cli.ExitCode.ERROR and THE_INDEX_FAILS in _error(done), done.stderr
+    assert done.returncode == ExitCode.ERROR and THE_INDEX_FAILS in _error(done), done.stderr
 
 
 @pytest.mark.parametrize("case", ["absent", "empty", "the tool's"])

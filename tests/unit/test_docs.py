@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
+
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 

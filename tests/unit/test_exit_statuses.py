@@ -17,12 +17,13 @@ import pytest
 
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import testmatrix
+from maxtext_rl_overlay.errors import ExitCode
 from maxtext_rl_overlay.pins import load_project
+from support import ROOT
 from support.project import project_copy
 from unit.unit_support import maxtext_version
 from unit.unit_support import served as serve
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "overlay" / "maxtext_rl_overlay"
 
 
@@ -68,7 +69,7 @@ def _error_lines(done: subprocess.CompletedProcess) -> list[str]:
         "rebase-source-twice", "rebase-source-bogus"])
 def test_usage_errors_exit_2_with_the_usage(project, args, says):
     done = _cli(*args, "--project", str(project))
-    assert done.returncode == cli.ExitCode.USAGE, done.stderr
+    assert done.returncode == ExitCode.USAGE, done.stderr
     (line,) = _error_lines(done)
     assert says in line, done.stderr
     assert done.stderr.startswith("usage: maxtext-rl-overlay "), done.stderr
@@ -79,11 +80,11 @@ def test_each_error_carries_its_status():
     from maxtext_rl_overlay import errors, staging
     from maxtext_rl_overlay.smoke import run
 
-    assert cli.ExitCode is errors.ExitCode
-    carried = {kind: kind.status for kind in (errors.OverlayError, errors.UsageError, errors.CheckFailed, run.CannotRun,
-                                              run.BrokenStack, staging.NoSpace)}
-    assert carried == {errors.OverlayError: 3, errors.UsageError: 2, errors.CheckFailed: 1, run.CannotRun: 3, run.BrokenStack: 1,
-                       staging.NoSpace: 3}
+    assert vars(cli)["ExitCode"] is errors.ExitCode  # (__main__ imports it: not an export)
+    carried = {kind: kind.status for kind in (errors.OverlayError, errors.UsageError, errors.CheckFailed, errors.TimedOut,
+                                              errors.ProgramMissing, run.CannotRun, run.BrokenStack, staging.NoSpace)}
+    assert carried == {errors.OverlayError: 3, errors.UsageError: 2, errors.CheckFailed: 1, errors.TimedOut: 3, errors.ProgramMissing: 3,
+                       run.CannotRun: 3, run.BrokenStack: 1, staging.NoSpace: 3}
 
 
 # -- 3: a bad input, said in one line ----------------------------------------
@@ -95,7 +96,7 @@ def test_smoke_where_the_engine_or_the_reference_is_missing_cannot_run(monkeypat
     from maxtext_rl_overlay.smoke import run
 
     monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")
-    assert cli.main(["smoke", "--cpu-simulation"]) == cli.ExitCode.ERROR
+    assert cli.main(["smoke", "--cpu-simulation"]) == ExitCode.ERROR
     captured = capsys.readouterr()
     assert "smoke: cannot run here: smoke needs " in captured.err and "mrl-no-such-reference" in captured.err, captured.err
     assert "uv pip install -c constraints.txt maxtext-rl-overlay transformers" in captured.err
@@ -105,13 +106,13 @@ def test_smoke_where_the_engine_or_the_reference_is_missing_cannot_run(monkeypat
 @pytest.mark.parametrize("value", ["0", "-5", "inf", "nan", "soon"])
 def test_smoke_timeout_must_be_positive_and_finite(value):
     done = _cli("smoke", "--cpu-simulation", "--timeout", value)
-    assert done.returncode == cli.ExitCode.USAGE, done.stderr
+    assert done.returncode == ExitCode.USAGE, done.stderr
     assert "--timeout" in done.stderr and value in done.stderr, done.stderr
 
 
 def test_smoke_json_in_a_folder_that_does_not_exist_is_said_before_any_work(tmp_path):
     done = _cli("smoke", "--cpu-simulation", "--json", str(tmp_path / "no-such-folder" / "smoke.json"))
-    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    assert done.returncode == ExitCode.ERROR, done.stderr
     (line,) = _error_lines(done)
     assert "cannot write" in line and "no-such-folder/smoke.json" in line, line
 
@@ -123,7 +124,7 @@ def test_smoke_that_cannot_run_leaves_its_json_saying_so_not_an_old_pass(monkeyp
     out = tmp_path / "smoke.json"
     out.write_text(run.json_text({"ok": True, "failed": []}))  # an earlier run's pass
     monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")
-    assert cli.main(["smoke", "--cpu-simulation", "--json", str(out)]) == cli.ExitCode.ERROR
+    assert cli.main(["smoke", "--cpu-simulation", "--json", str(out)]) == ExitCode.ERROR
     doc = json.loads(out.read_text())
     assert doc["ok"] is False and "mrl-no-such-reference" in doc["cannot_run"], doc
 
@@ -136,14 +137,14 @@ def test_smoke_json_replaces_only_a_file_smoke_wrote(monkeypatch, tmp_path, caps
     monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")  # no engine here: ends at once
     foreign = tmp_path / "README.md"
     foreign.write_text("# my notes\n")
-    assert cli.main(["smoke", "--cpu-simulation", "--json", str(foreign)]) == cli.ExitCode.ERROR
+    assert cli.main(["smoke", "--cpu-simulation", "--json", str(foreign)]) == ExitCode.ERROR
     assert foreign.read_text() == "# my notes\n"
     assert "is not a smoke result the tool wrote" in capsys.readouterr().err
     ours = tmp_path / "smoke.json"
     ours.write_text(run.json_text({"ok": True, "failed": []}))
     for path in (ours, tmp_path / "empty.json"):
         path.touch()
-        assert cli.main(["smoke", "--cpu-simulation", "--json", str(path)]) == cli.ExitCode.ERROR
+        assert cli.main(["smoke", "--cpu-simulation", "--json", str(path)]) == ExitCode.ERROR
         assert json.loads(path.read_text())["cannot_run"], path
 
 
@@ -177,7 +178,7 @@ def test_a_tpu_held_by_another_process_is_said_so(tmp_path):
 def test_a_revision_that_is_not_a_number(project):
     _edit(project / "pyproject.toml", r"^revision = \d+$", 'revision = "two"')
     done = _cli("lint", "--project", str(project))
-    assert done.returncode == cli.ExitCode.ERROR
+    assert done.returncode == ExitCode.ERROR
     (line,) = _error_lines(done)
     assert "[tool.maxtext-rl-overlay]: revision must be a whole number (0 or more), not 'two'" in line
 
@@ -185,7 +186,7 @@ def test_a_revision_that_is_not_a_number(project):
 def test_a_pyproject_that_is_not_toml(project):
     (project / "pyproject.toml").write_text((project / "pyproject.toml").read_text() + "\n[tool.broken\n")
     done = _cli("lint", "--project", str(project))
-    assert done.returncode == cli.ExitCode.ERROR
+    assert done.returncode == ExitCode.ERROR
     (line,) = _error_lines(done)
     assert re.search(r"pyproject\.toml is not valid TOML: .*\(at line \d+, column \d+\)", line), line
 
@@ -193,7 +194,7 @@ def test_a_pyproject_that_is_not_toml(project):
 def test_an_invalid_requirement_in_the_maxtext_extra(project, tmp_path):
     _edit(project / "pyproject.toml", r'^maxtext = \["([^"]+)"\]$', r'maxtext = ["\1 ;; x"]')
     done = _cli("build", "--only", "google-tunix", "--project", str(project), env={"MRL_CACHE_DIR": str(tmp_path / "cache")})
-    assert done.returncode == cli.ExitCode.ERROR
+    assert done.returncode == ExitCode.ERROR
     (line,) = _error_lines(done)
     assert "the [project.optional-dependencies] extra 'maxtext' must hold exactly one requirement" in line
     assert "(Expected " in line, line  # packaging's reason, its first line
@@ -223,7 +224,7 @@ def test_a_bad_project_value_is_refused_before_any_work(project, tmp_path, case)
     cache = tmp_path / "cache"
     for args in (["lint"], ["build", "--only", "google-tunix"]):
         done = _cli(*args, "--project", str(project), env={"MRL_CACHE_DIR": str(cache)})
-        assert done.returncode == cli.ExitCode.ERROR, (args, done.stderr)
+        assert done.returncode == ExitCode.ERROR, (args, done.stderr)
         (line,) = _error_lines(done)
         assert str(project / file) in line and says in line, line
     assert not cache.exists(), "the build began its work"
@@ -242,7 +243,7 @@ def test_a_bad_matrix_table_is_refused_by_lint_and_test_matrix(project, tmp_path
     wheels.mkdir()
     for args in (["lint"], ["test-matrix", "--quick", "--wheels", str(wheels), "--work", str(tmp_path / "work")]):
         done = _cli(*args, "--project", str(project))
-        assert done.returncode == cli.ExitCode.ERROR, (args, done.stderr)
+        assert done.returncode == ExitCode.ERROR, (args, done.stderr)
         (line,) = _error_lines(done)
         assert str(project / "pyproject.toml") in line and says in line, line
 
@@ -255,11 +256,11 @@ def test_a_quick_part_of_the_suite_that_does_not_exist_is_refused_before_any_ven
             (project / path.split("::")[0]).parent.mkdir(parents=True, exist_ok=True)
             (project / path.split("::")[0]).touch()
     _edit(project / "pyproject.toml", r'^  "tests/fixes/test_platform\.py",$', '  "tests/fixes/test_platfrom.py",')
-    assert _cli("lint", "--project", str(project)).returncode == cli.ExitCode.OK  # the table's types are right
+    assert _cli("lint", "--project", str(project)).returncode == ExitCode.OK  # the table's types are right
     wheels, work = tmp_path / "dist", tmp_path / "work"
     wheels.mkdir()
     done = _cli("test-matrix", "--quick", "--wheels", str(wheels), "--work", str(work), "--project", str(project))
-    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    assert done.returncode == ExitCode.ERROR, done.stderr
     (line,) = _error_lines(done)
     assert "[tool.maxtext-rl-overlay.matrix.quick.tests] maxtext-0.2.4/plain: tests/fixes/test_platfrom.py does not exist" in line, line
     assert not work.exists()
@@ -269,7 +270,7 @@ def test_a_source_for_a_distribution_only_leaves_out(project, tmp_path):
     """It would be ignored in silence: the user meant to build it, or named the wrong one."""
     done = _cli("build", "--only", "google-tunix", "--source", f"vllm={tmp_path}", "--project", str(project),
                 env={"MRL_CACHE_DIR": str(tmp_path / "cache"), "UV_DEFAULT_INDEX": "http://127.0.0.1:9"})  # no index: fail fast if it went on
-    assert done.returncode == cli.ExitCode.ERROR
+    assert done.returncode == ExitCode.ERROR
     (line,) = _error_lines(done)
     assert f"--source vllm={tmp_path}: --only google-tunix leaves vllm out, so the source would not be used" in line, line
     assert not (tmp_path / "cache").exists(), "refused before any work"
@@ -292,7 +293,7 @@ def index_without_the_file(tmp_path):
 def test_a_failed_download_from_the_package_index(project, tmp_path, index_without_the_file):
     done = _cli("build", "--only", "google-tunix", "--project", str(project),
                 env={"MRL_CACHE_DIR": str(tmp_path / "cache"), "UV_DEFAULT_INDEX": index_without_the_file})
-    assert done.returncode == cli.ExitCode.ERROR
+    assert done.returncode == ExitCode.ERROR
     (line,) = _error_lines(done)
     assert f"cannot download maxtext-{maxtext_version(ROOT)}-py3-none-any.whl from the package index" in line and "HTTP Error 404" in line
 
@@ -303,7 +304,7 @@ def test_a_manifest_that_is_not_json(tmp_path, text, says):
     shutil.copytree(PACKAGE, copy / PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__", "manifest.json"))
     (copy / PACKAGE.name / "manifest.json").write_text(text)
     done = _cli("verify", "--no-imports", pythonpath=copy, cwd=tmp_path)
-    assert done.returncode == cli.ExitCode.ERROR
+    assert done.returncode == ExitCode.ERROR
     (line,) = _error_lines(done)
     assert f"the installed manifest {says}" in line and "reinstall maxtext-rl-overlay" in line
 
@@ -315,7 +316,7 @@ def test_an_unexpected_error_is_a_bug_to_report_with_its_traceback_under_v(monke
         raise RuntimeError("an invariant broke\nsecond line")
 
     monkeypatch.setattr(cli, "_cmd_lint", broken)
-    assert cli.main(["lint", "--project", str(ROOT)]) == cli.ExitCode.INTERNAL
+    assert cli.main(["lint", "--project", str(ROOT)]) == ExitCode.INTERNAL
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.splitlines() == [
@@ -323,6 +324,6 @@ def test_an_unexpected_error_is_a_bug_to_report_with_its_traceback_under_v(monke
         "maxtext-rl-overlay: this is a bug in maxtext-rl-overlay; please report it, with the output of the same command run with -v "
         "(which shows the traceback).",
     ]
-    assert cli.main(["lint", "-v", "--project", str(ROOT)]) == cli.ExitCode.INTERNAL
+    assert cli.main(["lint", "-v", "--project", str(ROOT)]) == ExitCode.INTERNAL
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and "RuntimeError: an invariant broke" in err

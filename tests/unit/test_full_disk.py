@@ -19,7 +19,7 @@ import pytest
 
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import buildenv, constraintsfile, indexpages, staging, wheels
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.errors import ExitCode, OverlayError
 from support.project import project_copy
 from unit.unit_support import SmallFs
 
@@ -121,7 +121,7 @@ def test_a_build_onto_a_full_filesystem_is_status_3_naming_the_path(small_fs, tm
     before = _tree(fs.path)
     fs.fill()
     done = _build(project, tmp_path, out=path["--out"], constraints=path["--constraints"], cache=path["the cache"])
-    assert done.returncode == cli.ExitCode.ERROR, done.stderr
+    assert done.returncode == ExitCode.ERROR, done.stderr
     assert "Traceback" not in done.stderr and "unexpected error" not in done.stderr, done.stderr
     (line,) = [line for line in done.stderr.splitlines() if "error:" in line]
     assert line.startswith(f"maxtext-rl-overlay: error: no space left on device: cannot write {path[full]}. "), line
@@ -137,7 +137,7 @@ def test_no_space_anywhere_else_is_status_3_too(monkeypatch, capsys):
     def full(args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/some/where/file")
     monkeypatch.setattr(cli, "_cmd_clean", full)  # the parser is made in main: it takes this one
-    assert cli.main(["clean"]) == cli.ExitCode.ERROR
+    assert cli.main(["clean"]) == ExitCode.ERROR
     err = capsys.readouterr().err
     assert err == "maxtext-rl-overlay: error: no space left on device: cannot write /some/where/file. Free space on its filesystem, or name another place.\n"
 

@@ -30,6 +30,7 @@ import pytest
 
 from maxtext_rl_overlay import interrupts, proc, staging
 from maxtext_rl_overlay.errors import OverlayError
+from support import ROOT
 from unit.unit_support import default_signals
 
 # A program that starts a helper (its own child: the grandchild of the tool)
@@ -118,7 +119,7 @@ def test_a_signal_while_a_program_starts_is_raised_once_it_can_be_stopped(tmp_pa
         _spin()
         return child
 
-    monkeypatch.setattr(proc.subprocess, "Popen", popen_then_signal)
+    monkeypatch.setattr(subprocess, "Popen", popen_then_signal)  # as proc calls it
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     with interrupts.installed(), pytest.raises(KeyboardInterrupt):
         if how == "run":
@@ -208,7 +209,7 @@ def test_a_signal_between_the_renames_leaves_the_new_folder_in_place(tmp_path, m
             os.kill(os.getpid(), signal.SIGTERM)
             _spin()
 
-    monkeypatch.setattr(staging.os, "replace", replace_then_signal)
+    monkeypatch.setattr(os, "replace", replace_then_signal)  # as staging calls it
     monkeypatch.setattr(staging, "_exchange", lambda a, b: False)  # the two renames: a filesystem without an atomic exchange
     with interrupts.installed(), pytest.raises(KeyboardInterrupt), staging.staged_dir(dest, replace="MARK") as new:
         (new / "new").write_text("new")
@@ -258,7 +259,7 @@ def _maxtext_release(folder: pathlib.Path) -> pathlib.Path:
 
     from unit.unit_support import maxtext_version
 
-    version = maxtext_version(pathlib.Path(__file__).resolve().parents[2])
+    version = maxtext_version(ROOT)
     wheel = folder / f"maxtext-{version}-py3-none-any.whl"
     info = f"maxtext-{version}.dist-info"
     meta = (f"Metadata-Version: 2.1\nName: maxtext\nVersion: {version}\nProvides-Extra: tpu-post-train\n"
@@ -300,7 +301,6 @@ def stalled_build(tmp_path):
     server = contextlib.ExitStack()
     url = server.enter_context(serve(served))
 
-    root = pathlib.Path(__file__).resolve().parents[2]
     project = project_copy(tmp_path / "project", licence=True)
     tunix = project / "patches" / "google-tunix"
     for patch in tunix.glob("*.patch"):
@@ -318,7 +318,7 @@ def stalled_build(tmp_path):
     (bin_dir / "uv").chmod(0o755)
     out = tmp_path / "rel" / "dist"
     env = dict(uv_offline_env(tmp_path), UV_DEFAULT_INDEX=url, MRL_CACHE_DIR=str(tmp_path / "cache"),
-               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HANGING_UV_DIR=str(tmp_path), TMPDIR=str(tmp), PYTHONPATH=str(root / "overlay"))
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", HANGING_UV_DIR=str(tmp_path), TMPDIR=str(tmp), PYTHONPATH=str(ROOT / "overlay"))
     args = [sys.executable, "-m", "maxtext_rl_overlay", "build", "--project", str(project), "--only", "google-tunix", "--unpinned", "--torch-standin",
             "--source", f"google-tunix={tree}", "--out", str(out), "--constraints", str(out.parent / "constraints.txt")]
     yield args, env, tmp_path
@@ -364,6 +364,7 @@ def test_a_hang_up_or_quit_stops_a_build_as_an_interrupt_does(stalled_build, sig
     import pty
 
     args, env, top = stalled_build
+    master: int | None
     master, terminal = pty.openpty()
     tool = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal, env=env, start_new_session=True,
                             preexec_fn=default_signals)
@@ -409,4 +410,5 @@ def test_a_build_started_with_hang_ups_ignored_keeps_running_through_one(stalled
     finally:
         if tool.poll() is None:
             tool.kill()
+        assert tool.stderr is not None
         tool.stderr.close()

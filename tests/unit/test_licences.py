@@ -12,8 +12,7 @@ import pytest
 
 from maxtext_rl_overlay import wheels
 from maxtext_rl_overlay.errors import OverlayError
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
 
 
 def test_the_project_is_licensed_as_pyproject_says():

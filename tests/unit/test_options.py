@@ -15,8 +15,7 @@ import pytest
 from maxtext_rl_overlay import options, pins
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
 
 
 @pytest.fixture

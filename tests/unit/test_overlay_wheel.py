@@ -11,13 +11,14 @@ import os
 import pathlib
 import shutil
 import subprocess
+from typing import Any
 
 import pytest
 
-from maxtext_rl_overlay import build, manifest, overlayfiles
+from maxtext_rl_overlay import build, manifest, overlayfiles, wheels
 from maxtext_rl_overlay.pins import load_project
+from support import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 STRAY = "overlay/maxtext_rl_overlay/stray.py"
 GIT_ENV = {"GIT_AUTHOR_NAME": "u", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@u",
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
@@ -103,14 +104,14 @@ def test_the_wheel_holds_the_tracked_files_and_the_commit(checkout, tmp_path, mo
     found = overlayfiles.overlay_inputs(root)
     env = manifest.EnvironmentRecord("maxtext[tpu-post-train]==0.2.4", "maxtext", manifest.TorchRecord("2.11.0", "2.11.0+cpu", True, "0.26.0"), None)
     record = manifest.Manifest("0.1.0", project.revision, {}, ("google-tunix", "tpu-inference", "vllm"), env, project=found.project)
-    seen: dict[str, object] = {}
+    seen: dict[str, Any] = {}
 
     def capture(tree, out_dir, **kw):
         seen["files"] = sorted(str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file())
         seen["manifest"] = json.loads((tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).read_text())
         return out_dir / "maxtext_rl_overlay-0.1.0-py3-none-any.whl"
 
-    monkeypatch.setattr(build.wheels, "build_wheel", capture)
+    monkeypatch.setattr(wheels, "build_wheel", capture)  # the module build calls
     build._build_overlay(project, found.files, record, None, tmp_path / "staging", "python3", tmp_path / "cache")
     assert STRAY not in seen["files"] and "overlay/maxtext_rl_overlay/build.py" in seen["files"]
     assert seen["manifest"]["project"] == {"commit": inputs, "dirty": []}

@@ -4,7 +4,6 @@ fact is kept in two places that could drift apart."""
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import shlex
 import subprocess
@@ -15,8 +14,8 @@ from packaging.specifiers import SpecifierSet
 from maxtext_rl_overlay import gittree, inputdigests, patchfile
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
+from support import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROJECT = load_project(ROOT)
 
 
@@ -126,7 +125,9 @@ def test_readme_commands_are_the_ones_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "uv pip install -c constraints.txt maxtext-rl-overlay" in readme
-    test_command = re.search(r"<!-- test-command -->\n```sh\n(.+)\n```", readme).group(1)
+    found = re.search(r"<!-- test-command -->\n```sh\n(.+)\n```", readme)
+    assert found, "the README shows the test command"
+    test_command = found.group(1)
     assert test_command in ci
 
 

@@ -22,9 +22,9 @@ import yaml
 
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import set_pin_values
+from support import ROOT
 from unit.unit_support import GIT_ENV, PackageIndex, commit_files, fake_wheel, git, maxtext_version, patch_of, pin_series
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 _SPEC = importlib.util.spec_from_file_location("refresh", ROOT / "scripts" / "refresh.py")
 assert _SPEC and _SPEC.loader
 refresh = importlib.util.module_from_spec(_SPEC)

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from maxtext_rl_overlay import indexpages
+from support import ROOT
 from unit.unit_support import assert_refuses_an_unpinned_base, assert_uploads_every_junit, fake_wheel
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
 PUBLISH = ROOT / "scripts" / "publish-pages.sh"
 
@@ -52,7 +52,7 @@ def _needs(job: dict) -> list[str]:
 
 def test_runs_on_a_v_tag_on_hosted_runners_but_the_smoke_on_the_tpu_runner():
     doc = _doc()
-    on = doc.get("on", doc.get(True))  # YAML 1.1 reads the key `on` as true
+    on = doc["on"] if "on" in doc else doc[True]  # YAML 1.1 reads the key `on` as true
     assert on["push"]["tags"] == ["v*"] and set(on) == {"push"}
     for name, job in doc["jobs"].items():
         runs_on = job["runs-on"]

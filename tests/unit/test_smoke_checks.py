@@ -72,7 +72,7 @@ LOGITS = [-0.01 * i for i in range(300)]
 
 def _kept() -> list[int]:
     """The ids top-k then top-p keep at the sampled settings, worked out here."""
-    t, k, p = checks.SAMPLED["temperature"], checks.SAMPLED["top_k"], checks.SAMPLED["top_p"]
+    t, k, p = checks.SAMPLED["temperature"], int(checks.SAMPLED["top_k"]), checks.SAMPLED["top_p"]
     weights = [math.exp(x / t) for x in LOGITS[:k]]
     kept, mass = [], 0.0
     for i, w in enumerate(weights):

@@ -1,13 +1,12 @@
 """The TPU workflow cannot run here; check that it runs what CI runs."""
 
-import pathlib
 import shlex
 
 import yaml
 
+from support import ROOT
 from unit.unit_support import assert_refuses_an_unpinned_base, assert_uploads_every_junit
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "tpu-matrix.yml"
 
 

@@ -26,8 +26,6 @@ import pytest
 from maxtext_rl_overlay import interrupts
 from support.project import project_copy, set_pin
 
-#: The checkout the fast tests test.
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: The tool venv's uv (scripts/setup.sh installs it there).
 UV = shutil.which("uv") or str(pathlib.Path(sys.executable).parent / "uv")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import proc, staging
-from ..errors import CheckFailed, ExitCode, OverlayError
+from ..errors import CheckFailed, ExitCode, OverlayError, TimedOut
 from ..progress import step
 from . import checks, configurations, maxtext_model, tiny_llama
 from .checks import Check
@@ -277,7 +277,7 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
                 timeout=opts.timeout,
                 what=f"the {name} engine",
             )
-        except OverlayError:  # past the timeout: the process is stopped
+        except TimedOut:  # past the timeout: the process is stopped
             config.checks.append(Check("engine ran", False, f"no result within {opts.timeout:.0f} s; it was in: {step_of(result_path)}"))
             return config
     if not result_path.is_file():

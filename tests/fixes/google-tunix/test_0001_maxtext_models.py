@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
+from typing import Any
 
 import pytest
 
@@ -134,7 +135,7 @@ def _outcome(models, dst):
 
     before = {tuple(p): v[...] for p, v in nnx.to_flat_state(models.target)}
     after = {tuple(p): v for p, v in nnx.to_flat_state(dst)}
-    out = {"exact": [], "stale": [], "wrong": [], "rng_own": [], "rng_kept": [], "rng_other": [], "sharding": []}
+    out: dict[str, list[Any]] = {"exact": [], "stale": [], "wrong": [], "rng_own": [], "rng_kept": [], "rng_other": [], "sharding": []}
     for path, var in after.items():
         got = var[...]
         if got.sharding != before[path].sharding:
@@ -225,7 +226,7 @@ def test_shared_rng_leaf_receives_layer_0(models, modules):
     def layer_free(path):
         return tuple("*" if str(p).startswith("layers_") else p for p in path)
 
-    layers_of = {}
+    layers_of: dict[Any, Any] = {}
     for path in flat:
         if any(str(p).startswith("layers_") for p in path):
             layers_of.setdefault(layer_free(path), set()).add(next(p for p in path if str(p).startswith("layers_")))

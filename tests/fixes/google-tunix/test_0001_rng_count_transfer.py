@@ -26,6 +26,7 @@ The same transfer under MaxText 0.2.4's run-time shims is checked last.
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +89,7 @@ def _source(mesh, num_layers, *, rng=None, ordinary=True):
     shape (num_layers,) (Llama), "scalar" shape () (Gemma3), None leaves it out.
     """
     L = num_layers
-    flat = {}
+    flat: dict[tuple[str, ...], Any] = {}
     if ordinary:
         flat.update({
             # pure unstack, sharded source
@@ -120,7 +121,7 @@ def _source(mesh, num_layers, *, rng=None, ordinary=True):
 
 def _target(mesh, num_layers, *, rng=True, ordinary=True):
     """An unrolled vLLM-like state: layers_0..layers_{n-1}, sharded, zeroed."""
-    flat = {}
+    flat: dict[tuple[str, ...], Any] = {}
     for i in range(num_layers):
         layer = ("decoder", f"layers_{i}")
         if ordinary:

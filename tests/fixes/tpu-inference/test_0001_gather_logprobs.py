@@ -67,7 +67,7 @@ def vocab_size(layout: str, dtype: str) -> int:
     return V_REPORT if (layout, dtype) == ("model", "float32") else V_SMALL
 
 
-def layout_mesh(shape: tuple[int, int], layout: str, axis_type: str) -> jax.sharding.Mesh:
+def layout_mesh(shape: tuple[int, ...], layout: str, axis_type: str) -> jax.sharding.Mesh:
     """The matrix's (data, model) mesh shape with the axes `layout` names."""
     names = LAYOUTS[layout][0]
     data, model = shape

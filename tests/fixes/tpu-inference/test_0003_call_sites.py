@@ -108,7 +108,7 @@ def modules():
     for name in (LINEAR, DENSE_MOE, MOE, MOE_WEIGHTS):
         patched = importlib.import_module(name)
         upstream = load_unpatched("tpu-inference", name)
-        assert "constrain_sharding" in pathlib.Path(patched.__file__).read_text()
+        assert patched.__file__ is not None and "constrain_sharding" in pathlib.Path(patched.__file__).read_text()
         assert "constrain_sharding" not in pathlib.Path(upstream.__file__).read_text()
         out[name] = (patched, upstream)
     return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -193,7 +194,7 @@ def test_constrain_sharding_semantics():
 
     explicit = make_mesh((2, 4), "explicit")
     xe = jax.device_put(x_host, NamedSharding(explicit, P("data", None)))
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def f(a):
         same = constrain_sharding(a, P("data"))  # already so: the very same tracer

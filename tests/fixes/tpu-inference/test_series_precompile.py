@@ -275,7 +275,8 @@ def test_precompile_passes(overlay, upstream, mesh_shape, axis_type):
         assert all(e is None for e in outcomes.values()), f"upstream, auto:\n{table(outcomes)}"
 
 
-def _frames(error: BaseException):
+def _frames(error: BaseException | None):
+    assert error is not None, "the step raised"
     return traceback.extract_tb(error.__traceback__)
 
 

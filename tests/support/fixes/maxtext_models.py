@@ -160,7 +160,9 @@ def per_layer_rng_source(target_path: tuple, family: Family) -> tuple[tuple, int
     state). Rng state is stacked on axis 0, Flax NNX's axis for non-parameters.
     Gemma3 is scanned in blocks of its attention pattern, then remainder layers."""
     i = next(j for j, part in enumerate(target_path) if isinstance(part, str) and _LAYER.match(part))
-    k = int(_LAYER.match(target_path[i]).group(1))
+    layer = _LAYER.match(target_path[i])
+    assert layer is not None  # (found by it above)
+    k = int(layer.group(1))
     prefix, suffix = ("base",) + target_path[1:i], target_path[i + 1:]
     if family.name == "gemma3":
         from maxtext.models.gemma3 import GEMMA3_ATTENTION_PATTERN

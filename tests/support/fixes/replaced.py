@@ -45,7 +45,7 @@ class ImportSnapshots(importlib.abc.MetaPathFinder):
             exec_module(module)
             self.snapshots[fullname] = _snapshot(module)
 
-        loader.exec_module = exec_and_snapshot
+        loader.exec_module = exec_and_snapshot  # type: ignore[method-assign]  # wrapped, to snapshot what it leaves
         return spec
 
 

@@ -12,6 +12,7 @@ import importlib
 import pathlib
 import re
 import types
+from typing import Any
 
 import jax
 
@@ -51,14 +52,14 @@ def create_2d_mesh(runner_cls, shape: tuple[int, int], device_indexes: list[int]
     return runner.mesh
 
 
-def pin_runner() -> type:
+def pin_runner() -> Any:
     """The pin's TPUModelRunner: tpu_runner.py with the series reverse-applied
     (the series changes it in the backports of 984b29c49, the mesh, and
     e27319786, reset_encoder_cache)."""
     return load_unpatched("tpu-inference", RUNNER).TPUModelRunner
 
 
-def overlay_runner() -> type:
+def overlay_runner() -> Any:
     """The installed overlay's TPUModelRunner."""
     return importlib.import_module(RUNNER).TPUModelRunner
 

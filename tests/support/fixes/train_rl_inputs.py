@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import pathlib
+from typing import Any
 
 from support.fixes import maxtext_models
 from support.fixes.matrix import DEVICES
@@ -22,7 +23,7 @@ from support.fixes.matrix import DEVICES
 TINY = maxtext_models.ENGINE_DIMS
 HF_TINY = maxtext_models.ENGINE_HF_DIMS
 
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {
     # MaxText's test's argv for each configuration, with the tiny model's
     # overrides (in the adapter's maxtext_config too).
     "maxtext_on_vllm": {
@@ -80,7 +81,7 @@ def make_inputs(work: pathlib.Path, config: str) -> dict:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    template = json.loads((pathlib.Path(importlib.util.find_spec("maxtext").origin).parent
+    template = json.loads((_maxtext_package()
                            / "examples" / "chat_templates" / "gsm8k_rl.json").read_text())
     corpus = [template["SYSTEM_PROMPT"], template["TEMPLATE"]] + [q + " " + a for q, a in QUESTIONS]
     specials = ["<pad>", "<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
@@ -106,7 +107,7 @@ def make_inputs(work: pathlib.Path, config: str) -> dict:
 
 
 def argv_for(config: str, work: pathlib.Path, inputs: dict) -> list[str]:
-    rl_yml = pathlib.Path(importlib.util.find_spec("maxtext").origin).parent / "configs" / "post_train" / "rl.yml"
+    rl_yml = _maxtext_package() / "configs" / "post_train" / "rl.yml"
     return [
         "train_rl.py", str(rl_yml),
         # MaxText's test's base argv ...
@@ -142,3 +143,10 @@ def argv_for(config: str, work: pathlib.Path, inputs: dict) -> list[str]:
         "remat_policy=full",
         *CONFIGS[config]["argv"],
     ]
+
+
+def _maxtext_package() -> pathlib.Path:
+    """The installed maxtext package's folder."""
+    spec = importlib.util.find_spec("maxtext")
+    assert spec is not None and spec.origin is not None, "maxtext is installed"
+    return pathlib.Path(spec.origin).parent

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import traceback
-import types
+from typing import Any
 
 from maxtext_rl_overlay import patchfile
 from maxtext_rl_overlay.git import git
@@ -140,17 +140,18 @@ def source_before(distribution: str, module: str, patch_prefix: str) -> str:
         return target.read_text()
 
 
-def load_unpatched(distribution: str, module: str) -> types.ModuleType:
-    """Import the upstream version of `module` as `<module>__unpatched`."""
+def load_unpatched(distribution: str, module: str) -> Any:
+    """Import the upstream version of `module` as `<module>__unpatched`
+    (upstream's code: untyped, Any, as pyproject's mypy section reads it)."""
     return load_source(module + "__unpatched", module, unpatched_source(distribution, module))
 
 
-def load_before(distribution: str, module: str, patch_prefix: str, name: str) -> types.ModuleType:
+def load_before(distribution: str, module: str, patch_prefix: str, name: str) -> Any:
     """Import `module` as the series leaves it before `patch_prefix`, as `name`."""
     return load_source(name, module, source_before(distribution, module, patch_prefix))
 
 
-def load_source(name: str, module: str, source: str) -> types.ModuleType:
+def load_source(name: str, module: str, source: str) -> Any:
     """Import `source` as module `name`, in `module`'s package, beside it.
 
     The source is written to a file that lives as long as the process, so
@@ -160,6 +161,7 @@ def load_source(name: str, module: str, source: str) -> types.ModuleType:
     path = _keep_dir() / (name + ".py")
     path.write_text(source)
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # a .py file's
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = module.rpartition(".")[0]
     sys.modules[name] = mod
