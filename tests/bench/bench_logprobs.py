@@ -289,6 +289,13 @@ def forced_layout(mesh):
     return vocab_sharded.VocabLayout(mesh, batch_axes=(), vocab_axes=axes, num_vocab_shards=1)
 
 
+def forced_logprobs(patched, layout, k, x, t):
+    """vocab_sharded's compute_and_gather_logprobs, as sampling.py returns it."""
+    from tpu_inference.layers.jax.sample import vocab_sharded
+
+    return patched.LogprobsTensors(*vocab_sharded.compute_and_gather_logprobs(layout, x, t, k))
+
+
 def main_one_device() -> None:
     """One device (a one-chip host): the runner's mesh partitions nothing, so
     the overlay's callers keep upstream's full-vocabulary programs (`plain`);
@@ -331,7 +338,7 @@ def main_one_device() -> None:
                 up = getattr(upstream, FN).lower(x, t, k).compile()
                 want = result(up(x, t))
                 ov = getattr(patched, FN).lower(x, t, k, mesh).compile()
-                fo = jax.jit(functools.partial(vocab_sharded.compute_and_gather_logprobs, layout, num_logprobs=k)).lower(x, t).compile()
+                fo = jax.jit(functools.partial(forced_logprobs, patched, layout, k)).lower(x, t).compile()
                 same_program = (getattr(patched, FN).lower(x, t, k, mesh).as_text() == getattr(upstream, FN).lower(x, t, k).as_text())
                 rows["gather_logprobs"] = {
                     "upstream": (median_seconds(up, x, t), True),
