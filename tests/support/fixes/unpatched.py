@@ -120,6 +120,31 @@ def upstream_imports(distributions: tuple[str, ...]) -> list[str]:
     return sorted(modules)
 
 
+def unpatched_package(distribution: str, installed: pathlib.Path, dest: pathlib.Path,
+                      keep: tuple[str, ...] = (), patches: list[pathlib.Path] | None = None) -> list[str]:
+    """A copy of the installed package folder `installed` (e.g. site-packages'
+    tpu_inference) at `dest/<its name>` with the whole series reverse-applied
+    (last patch first; each `git apply -R`, exact, restricted to the
+    package's files), except the patches whose names start with one of
+    `keep`. A folder that holds it, put first on a process's PYTHONPATH,
+    makes that process import the pin's package. `patches`: the series
+    (default: patches/<distribution>/series). Returns the names of the
+    patches reverse-applied, in the order applied."""
+    package = installed.name
+    shutil.copytree(installed, dest / package, ignore=shutil.ignore_patterns("__pycache__"))
+    reversed_ = []
+    for patch in reversed(series(distribution) if patches is None else patches):
+        if keep and patch.name.startswith(keep):
+            continue
+        if not any(path.startswith(package + "/") for path in _touched(patch)):
+            continue
+        proc = git("apply", "-R", "--include", f"{package}/*", str(patch), cwd=dest, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{installed} does not carry {patch.name} exactly (git apply -R failed): {proc.stderr.strip()}")
+        reversed_.append(patch.name)
+    return reversed_
+
+
 def source_before(distribution: str, module: str, patch_prefix: str) -> str:
     """The text of `module` as the series leaves it just before the patch
     whose name starts with `patch_prefix`: upstream's, rebuilt from the
