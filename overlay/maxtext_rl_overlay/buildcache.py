@@ -1,9 +1,10 @@
 """What the tool keeps between runs, keyed by every input that made it.
 
 A warm rebuild with unchanged inputs must cost little more than reading its
-results back, and give the same bytes as a cold build. So a kept result (a
-resolution of the closure, a wheel) is found by the sha256 of a record of its
-inputs: contents rather than paths, the uv that made it and how it was
+results back, and give the same bytes as a cold build. So a kept result (an
+Entry: a source tree, a patched tree, a wheel, a build environment, a
+resolution of the closure, a release's record) is found by the sha256 of a
+record of its inputs: contents rather than paths, the uv that made it and how it was
 configured, and the tool's own code. A change to any of them is a miss, never
 a stale answer. The record is stored beside the result, which is written
 whole and checked by its own sha256 when it is reused.
@@ -46,7 +47,7 @@ from typing import Any, TypeVar
 from . import proc
 from .errors import OverlayError
 from .progress import step
-from .staging import cannot_write, recover, staged_dir, write_atomically
+from .staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
 CACHEDIR_TAG = "CACHEDIR.TAG"
@@ -61,17 +62,35 @@ TAG_TEXT = (
 #: every build, exclusively by `clean`) is the one at its top.
 LOCKS = "locks"
 ROOT_LOCK = "cache.lock"
-#: The folders the tool keeps in the cache (`<cache>/<kind>/<entry>`), and
-#: who makes them: all that `clean` removes.
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One folder of the cache, `<cache>/<folder>/<entry>`: what it holds
+    and who makes it (`about`: clean's list), and how the build output names
+    what happens to one of its entries (Entry: its record-keeping says it
+    in these words, so that every kind says it alike): `result`, one entry's
+    result ("wheel"); `kept`, how it was kept ("kept"; "cached" for a
+    resolution, as the resolution's other notes say); `afresh`, what the
+    build does instead of reusing a damaged one."""
+
+    about: str
+    result: str = ""
+    afresh: str = ""
+    kept: str = "kept"
+
+
+#: The folders the tool keeps in the cache: all that `clean` removes. Every
+#: entry with a record (an Entry) is in one of them; the git mirrors and the
+#: downloads are named by what they hold (a commit, a sha256) and checked by
+#: it on every use, under the same per-entry locks (locked).
 KINDS = {
-    "sources": "checked-out source trees (sources.py)",
-    "git": "git mirrors of the upstreams (sources.py, rebase)",
-    "patched": "patched trees (patching.py)",
-    "wheels": "built wheels (wheels.py)",
-    "buildenv": "build environments (buildenv.py)",
-    "closures": "resolutions of the closure (closures.py)",
-    "releases": "MaxText release wheels (environment.py)",
-    "standins": "the stand-in sdists of the tests (tests/standins.py)",
+    "sources": Kind("checked-out source trees (sources.py)", "source tree", "making it again"),
+    "git": Kind("git mirrors of the upstreams (sources.py, rebase)"),
+    "patched": Kind("patched trees (patching.py)", "patched tree", "patching afresh"),
+    "wheels": Kind("built wheels (wheels.py)", "wheel", "building afresh"),
+    "buildenv": Kind("build environments (buildenv.py)", "build environment", "making it again"),
+    "closures": Kind("resolutions of the closure (closures.py)", "resolution", "resolving afresh", kept="cached"),
+    "releases": Kind("MaxText release wheels (registry.py, for environment.py)", "release record", "asking the index again"),
+    "standins": Kind("the stand-in sdists of the tests (tests/standins.py)"),
 }
 
 
@@ -198,27 +217,31 @@ class Damaged(Exception):
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """One kept result, `<cache>/<kind>/<name>`, found by `key`: the key()
-    of the inputs that made it.
+    of the inputs that made it (a source tree: its git tree id). `kind`, one
+    of KINDS, says how the build output names it.
 
     A folder holds the result's files and its record (RECORD); a result that
     is text (a resolution) is one JSON file, `one_file`, that is its own
     record. A record is JSON: the key, the inputs (for whoever reads the
     cache) and what lets the result be checked when it is reused. An entry
     is made and reused under its lock (`locked`): one build makes it while
-    the others wait, then reuse it.
-
-    `who` says what becomes of it in the build's output, naming it as
-    `result` ("wheel"); `afresh` is what the build does instead of reusing a
-    damaged one ("building afresh")."""
+    the others wait, then reuse it. `who` is whom the build output says it
+    for (a distribution, "constraints")."""
 
     path: pathlib.Path
     key: str
     who: str
-    result: str
-    afresh: str
+    kind: str
     one_file: bool = False
-    #: How the damaged note says it was kept: "cached" for a resolution, as the resolution's other notes say.
-    kept: str = "kept"
+
+    def __post_init__(self) -> None:
+        if not KINDS.get(self.kind, Kind("")).result:
+            raise ValueError(f"{self.kind!r} is not a kind of the cache that keeps entries with records")
+
+    @property
+    def said(self) -> Kind:
+        """How the build output names this entry (its kind's words)."""
+        return KINDS[self.kind]
 
     @property
     def record_path(self) -> pathlib.Path:
@@ -229,7 +252,8 @@ class Entry:
 
     def reuse(self, check: Callable[[dict[str, Any]], _T]) -> _T | None:
         """What `check` makes of the record of a whole entry; None for no
-        entry, and for a damaged one, which is said and removed (the caller
+        entry (a folder without its record is one a build was stopped in),
+        and for a damaged one, which is said and removed (the caller
         makes it again). Damaged: a record that cannot be read, is not JSON
         or is another key's, or one `check` rejects: raising Damaged, or
         KeyError, TypeError or ValueError (a field missing or of the wrong
@@ -243,35 +267,65 @@ class Entry:
             return check(record)
         except (Damaged, OSError, ValueError, KeyError, TypeError):
             pass
-        step.note(self.who, f"ignoring a damaged {self.kept} {self.result} {self.key[:12]}: {self.afresh}")
+        said = self.said
+        step.note(self.who, f"ignoring a damaged {said.kept} {said.result} {self.key[:12]}: {said.afresh}")
+        self._remove()
+        return None
+
+    def _remove(self) -> None:
         if self.path.is_dir() and not self.path.is_symlink():
             shutil.rmtree(self.path, ignore_errors=True)
         else:
             with contextlib.suppress(OSError):
                 self.path.unlink(missing_ok=True)
-        return None
+
+    def _text(self, record: dict[str, Any]) -> str:
+        return json.dumps({**record, "key": self.key}, indent=1, sort_keys=True) + "\n"
 
     def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None) -> bool:
-        """Keep a result: `record` (the key is added) and, in a folder,
-        what `fill` puts into the (staged) folder it is given. An entry
-        appears whole or not at all. False, said, when the cache cannot take
-        it (full, read-only): the result stands, only its reuse is lost."""
-        text = json.dumps({**record, "key": self.key}, indent=1, sort_keys=True) + "\n"
+        """Keep a copy of a result made elsewhere (a wheel, a patched tree, a
+        resolution): `record` (the key is added) and, in a folder, what
+        `fill` puts into the (staged) folder it is given. An entry appears
+        whole or not at all. False, said, when the cache cannot take it
+        (full, read-only): the result stands, only its reuse is lost."""
         try:
-            if self.one_file:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                recover(self.path)  # under the entry's lock: a staged copy beside it is a killed build's
-                write_atomically(self.path, text)
-            else:
-                shutil.rmtree(self.path, ignore_errors=True)
-                with staged_dir(self.path) as staged:
-                    if fill is not None:
-                        fill(staged)
-                    (staged / RECORD).write_text(text)
+            self.make(lambda staged: (fill is not None and fill(staged), record)[1])
         except (OSError, OverlayError) as exc:  # OverlayError: staging's "cannot write", and NoSpace
-            step.note(self.who, f"the {self.result} was not kept for reuse ({exc})")
+            step.note(self.who, f"the {self.said.result} was not kept for reuse ({exc})")
             return False
         return True
+
+    def make(self, fill: Callable[[pathlib.Path], dict[str, Any]], *, in_place: bool = False) -> dict[str, Any]:
+        """Make a result that lives in the cache (a source tree, a build
+        environment): `fill` makes it in the folder it is given and returns
+        its record (the key is added), which is written last: what says the
+        entry is whole. The folder is staged beside the entry and renamed
+        into place; `in_place` (a venv, which cannot be moved once made) it
+        is the entry's own, and the record is written whole (a rename). A
+        `one_file` entry is its record alone (`fill` is given nothing). On
+        any failure (a full disk, a failed install) what was made is removed
+        and the error goes on: the caller needs the result, not only its
+        reuse. Returns the record, as written."""
+        if self.one_file:
+            record = fill(self.path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            recover(self.path)  # under the entry's lock: a staged copy beside it is a killed build's
+            write_atomically(self.path, self._text(record))
+            return {**record, "key": self.key}
+        shutil.rmtree(self.path, ignore_errors=True)
+        if not in_place:
+            with staged_dir(self.path) as staged:
+                record = fill(staged)
+                (staged / RECORD).write_text(self._text(record))
+            return {**record, "key": self.key}
+        try:
+            record = fill(self.path)
+            with room_for(self.path):
+                write_atomically(self.record_path, self._text(record))
+        except BaseException:
+            remove_tree(self.path)
+            raise
+        return {**record, "key": self.key}
 
 
 def lock_path(entry: pathlib.Path) -> pathlib.Path:

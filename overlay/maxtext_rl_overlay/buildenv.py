@@ -24,15 +24,14 @@ is resolved again only when the tree's requirements no longer match the
 ones it records (a moved pin), preferring its old versions; the build says
 so, and the new file is to be committed.
 
-Environments are cached by their inputs: the pinned toolchain (versions
-and hashes), torch and the interpreter. A venv cannot be moved once made,
-so one is made in place and marked complete only at the end; an incomplete
-one is made again."""
+Environments are cached by their inputs (a buildcache.Entry): the pinned
+toolchain (versions and hashes), torch and the interpreter. A venv cannot be
+moved once made, so one is made in place and its record written only at the
+end (Entry.make, in place); an incomplete one is made again."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
@@ -51,8 +50,10 @@ from .environment import Torch
 from .errors import OverlayError
 from .proc import run
 from .progress import step
-from .staging import remove_tree, room_for, write_atomically
+from .staging import write_atomically
 
+#: Bumped when what a kept build environment's record says changes.
+BUILDENV_CACHE_FORMAT = 1
 BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
 #: The pinned build toolchain of a distribution built here, in its pin's folder.
 TOOLCHAIN_FILE = "build-requirements.txt"
@@ -77,25 +78,20 @@ class BuildEnv:
 def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: pathlib.Path, toolchain_file: pathlib.Path) -> BuildEnv:
     requires = _build_requires(who, tree, torch)
     toolchain = pinned_toolchain(who, requires, python, toolchain_file)
-    key = hashlib.sha256(json.dumps([_pins_and_hashes(toolchain), torch.version, torch.find_links, _version_of(python)]).encode()).hexdigest()[:16]
-    root = cache / "buildenv" / key
-    marker = root / ".complete"
-    # Under the entry's lock: an incomplete environment is one a build was
-    # interrupted in (no other build can be filling it), so it is made again;
-    # a concurrent build wanting the same one waits for it.
-    with buildcache.locked(root, who=who):
-        info = _complete(marker)
+    inputs = {"format": BUILDENV_CACHE_FORMAT, "toolchain": _pins_and_hashes(toolchain), "torch": torch.version,
+              "find_links": list(torch.find_links), "python": _version_of(python)}
+    key = buildcache.key(inputs)
+    entry = buildcache.Entry(cache / "buildenv" / key, key, who=who, kind="buildenv")
+    root = entry.path
+    # Under the entry's lock: an incomplete environment (no record) is one a
+    # build was interrupted in (no other build can be filling it), so it is
+    # made again; a concurrent build wanting the same one waits for it.
+    with entry.locked():
+        info = kept_environment(entry)
         if info is None:
-            shutil.rmtree(root, ignore_errors=True)
-            with step(who, f"making the build environment with torch=={torch.version} ({root.name})"):
-                try:
-                    _make(who, root, python, toolchain, torch)
-                except BaseException:  # a full disk, a failed install: no half-made environment is left
-                    remove_tree(root)
-                    raise
-            info = _complete(marker)
-            if info is None:
-                raise OverlayError(f"{who}: the build environment {root} was made but its record {marker.name} cannot be read back.")
+            with step(who, f"making the build environment with torch=={torch.version} ({key[:12]})"):
+                # A full disk, a failed install: no half-made environment is left.
+                info = entry.make(lambda root: {**_make(who, root, python, toolchain, torch), "inputs": inputs}, in_place=True)
     if info["version"] != torch.version:
         raise OverlayError(f"{who}: the build environment {root} holds torch {info['version']}, not the closure's {torch.version}; delete it and build again.")
     bindir = root / "bin"
@@ -214,7 +210,7 @@ def _run(who: str, cmd: list[str], what: str, cwd: pathlib.Path | None = None, i
     return str(run(cmd, who=who, what=what, env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, cwd=cwd, input=input).stdout)
 
 
-def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torch) -> None:
+def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torch) -> dict[str, Any]:
     uv = shutil.which("uv") or "uv"
     vpy = str(root / "bin" / "python")
     links = [a for link in torch.find_links for a in ("--find-links", link)]
@@ -238,19 +234,20 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
                                    "cannot choose the toolkit to build against.")
             _run(who, [*under, f"cuda-toolkit[{CUDA_TOOLKIT_EXTRAS}]=={pinned[0]}"], "installing the CUDA toolkit")
             info["cuda_home"] = str(_link_toolkit(who, root, info["cuda"]))
-    # Written last, whole (a rename): what says that the environment is complete.
-    with room_for(root):
-        write_atomically(root / ".complete", json.dumps(info, sort_keys=True))
+    return dict(info)  # the record, written last by the entry: what says that the environment is complete
 
 
-def _complete(marker: pathlib.Path) -> dict[str, Any] | None:
-    """The record of a complete build environment; None for none or a
-    damaged one (an environment a build was stopped in: made again)."""
-    try:
-        info = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and isinstance(info.get("version"), str) else None
+def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
+    """The record of a complete build environment; None for none (an
+    environment a build was stopped in, without its record) or a damaged
+    one (said and removed): it is made again."""
+
+    def check(record: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(record["version"], str) or not isinstance(record["cuda"], str):
+            raise buildcache.Damaged
+        return record
+
+    return entry.reuse(check)
 
 
 def _link_toolkit(who: str, root: pathlib.Path, cuda: str) -> pathlib.Path:

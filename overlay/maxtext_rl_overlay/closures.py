@@ -61,8 +61,8 @@ def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environ
     committed constraints.txt (see the module's docstring)."""
     preferred = _preferred_pins(preferences, index_dir) if preferences is not None else {}
     key, inputs = cache_key(index_dir, requirement, python, env, preferred)
-    entry = buildcache.Entry((cache or sources.cache_root()) / "closures" / f"{key}.json", key, who="constraints", result="resolution",
-                             afresh="resolving afresh", one_file=True, kept="cached")
+    entry = buildcache.Entry((cache or sources.cache_root()) / "closures" / f"{key}.json", key, who="constraints", kind="closures",
+                             one_file=True)
     settings = options.settings()
     # Under the entry's lock: a concurrent build of the same closure waits, then reuses it.
     with entry.locked():

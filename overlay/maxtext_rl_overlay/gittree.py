@@ -14,15 +14,14 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def tree_id(root: pathlib.Path, *, leave_out: str = "") -> str:
+def tree_id(root: pathlib.Path) -> str:
     """The id of the git tree that `git add -A && git write-tree` would make of
     `root`: regular files (100644 or 100755), symlinks, and non-empty
-    directories. A `.git` entry at any depth is left out, as git does, and so
-    is an entry `leave_out` at the top (a marker the tool keeps there)."""
+    directories. A `.git` entry at any depth is left out, as git does."""
     entries: list[tuple[bytes, str, bytes]] = []
     with os.scandir(root) as it:
         for entry in it:
-            if entry.name == ".git" or entry.name == leave_out:
+            if entry.name == ".git":
                 continue
             path = pathlib.Path(entry.path)
             st = os.lstat(path)

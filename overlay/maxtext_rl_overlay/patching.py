@@ -75,7 +75,7 @@ def apply_series(pin: Pin, source: Source, dest: pathlib.Path, *, engine: Engine
 def _apply(pin: Pin, source: Source, dest: pathlib.Path, patches: list[PatchFile], engine: Engine) -> list[PatchRecord]:
     check_blobs = source.from_pin
     with staged_dir(dest) as work:
-        shutil.copytree(source.path, work, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
+        shutil.copytree(source.path, work, symlinks=True, dirs_exist_ok=True)
         if engine == "git" and patches:
             _git_init(work, pin.distribution)
         applied = []
@@ -119,8 +119,7 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
 
 def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> buildcache.Entry:
     key = buildcache.key(inputs)
-    return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, who=pin.distribution, result="patched tree",
-                            afresh="patching afresh")
+    return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, who=pin.distribution, kind="patched")
 
 
 def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[PatchRecord] | None:

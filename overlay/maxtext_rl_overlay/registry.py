@@ -33,7 +33,7 @@ from . import buildcache
 from .digest import sha256_file
 from .errors import OverlayError
 from .progress import step
-from .staging import recover, staged_path, write_atomically
+from .staging import staged_path
 
 #: PyPI, the index pip and uv use when none is configured.
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -112,24 +112,26 @@ def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib
     """`project`'s pure-Python wheel of `version` in `dest_dir`: one read of
     the index's file list the first time; afterwards, while the cached file
     still has the sha256 recorded then, none."""
-    index = index_url()
-    record = dest_dir / f"{canonicalize_name(project)}-{version}.release.json"
-    try:
-        known = json.loads(record.read_text())
-        if (known["index"], known["project"], known["version"]) == (index, canonicalize_name(project), version):
-            wheel: pathlib.Path = dest_dir / str(known["filename"])
-            if wheel.name == known["filename"] and wheel.is_file() and sha256_file(wheel) == known["sha256"]:
-                return wheel
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no record, or a damaged one: ask the index
+    inputs = {"index": index_url(), "project": canonicalize_name(project), "version": version}
+    entry = buildcache.Entry(dest_dir / f"{canonicalize_name(project)}-{version}.release.json", buildcache.key(inputs), who=project,
+                             kind="releases", one_file=True)
+
+    def check(record: dict[str, Any]) -> pathlib.Path:
+        wheel = dest_dir / str(record["filename"])
+        if wheel.name != record["filename"] or not wheel.is_file() or sha256_file(wheel) != record["sha256"]:
+            raise buildcache.Damaged
+        return wheel
+
+    with entry.locked():
+        kept = entry.reuse(check)  # none, or a damaged one (said): ask the index
+    if kept is not None:
+        return kept
     listing = files(project)
     filename = _pure_wheel(listing, project, version)
     url, listed = _info(listing, project, filename)
     wheel = _fetch(project, filename, url, listed, dest_dir)
-    with buildcache.locked(record, who=project):
-        recover(record)  # a record's staged file that a killed run left
-        write_atomically(record, json.dumps({"index": index, "project": canonicalize_name(project), "version": version,
-                                             "filename": filename, "sha256": listed}, indent=1) + "\n")
+    with entry.locked():
+        entry.make(lambda _: {**inputs, "filename": filename, "sha256": listed})
     return wheel
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
-import json
 import os
 import pathlib
 import shutil
 import tarfile
 import zipfile
+from typing import Any
 
 from . import buildcache, gittree, options
 from .errors import OverlayError, TimedOut
@@ -26,7 +26,7 @@ from .git import git, inside_package, reason, tree_entries
 from .git import out as gitout
 from .pins import Pin
 from .progress import step
-from .staging import scratch_dir, staged_dir
+from .staging import scratch_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,42 +78,36 @@ def _resolve_git_dir(path: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(gitout("rev-parse", "--absolute-git-dir", cwd=path))
 
 
-def _cached(cache: pathlib.Path, pin: Pin, tree: str) -> pathlib.Path:
-    return cache / "sources" / f"{pin.distribution}-{tree}"
+#: The folder of a cached source's entry that holds its tree; the entry's
+#: record (buildcache.RECORD) beside it says the git tree id of the files as
+#: written (the pinned tree, less any file the repository lacked), the
+#: commit, and the files left out.
+TREE = "tree"
 
 
-#: The marker of a whole cached tree, written into it last: JSON with the git
-#: tree id of the files as written (the pinned tree, less any file the
-#: repository lacked), the commit, and the files left out.
-MARKER = ".complete"
+def _entry(cache: pathlib.Path, pin: Pin, tree: str) -> buildcache.Entry:
+    """A source's cache entry, `sources/<dist>-<tree id>`: found by the tree id of what it was made from."""
+    return buildcache.Entry(cache / "sources" / f"{pin.distribution}-{tree}", tree, who=pin.distribution, kind="sources")
 
 
-def _mark(tmp: pathlib.Path, **record: object) -> None:
-    (tmp / MARKER).write_text(json.dumps(dict(record, tree=gittree.tree_id(tmp, leave_out=MARKER)), sort_keys=True))
+def _record(tree: pathlib.Path, **record: object) -> dict[str, object]:
+    return dict(record, tree=gittree.tree_id(tree))
 
 
-def _reusable(target: pathlib.Path, who: str) -> bool:
-    """Whether `target` holds a whole cached tree that is still the tree it
-    was made as (its files' tree id recomputed, against its marker's: a file
+def _reusable(entry: buildcache.Entry) -> bool:
+    """Whether the entry holds a whole cached tree that is still the tree it
+    was made as (its files' tree id recomputed, against its record's: a file
     edited in the cache would otherwise go into the next wheel, labelled as
-    the pin). Anything else there (an incomplete or altered tree, one an
-    older tool made) is removed, to be made again; the caller holds the
-    entry's lock, so no other build is making it."""
-    if not target.exists():
-        return False
-    try:
-        recorded = json.loads((target / MARKER).read_text())["tree"]
-    except FileNotFoundError:
-        recorded = None
-    except (OSError, ValueError, KeyError, TypeError):
-        recorded = ""
-    if recorded and gittree.tree_id(target, leave_out=MARKER) == recorded:
+    the pin). A damaged one (an altered tree, one an older tool made) is
+    said and removed, to be made again; the caller holds the entry's lock,
+    so no other build is making it."""
+
+    def check(record: dict[str, Any]) -> bool:
+        if gittree.tree_id(entry.path / TREE) != record["tree"]:
+            raise buildcache.Damaged
         return True
-    if recorded is not None:
-        step.note(who, f"the cached source tree {target} is not the tree its marker records (changed in the cache, or kept by an "
-                       "older version of the tool): making it again")
-    shutil.rmtree(target, ignore_errors=True)
-    return False
+
+    return entry.reuse(check) is not None
 
 
 def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str) -> Source:
@@ -135,55 +129,57 @@ def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str)
     date = gitout("log", "-1", "--format=%cI", pin.commit, git_dir=git_dir, who=pin.distribution)
     if pin.date and date != pin.date:
         raise OverlayError(f"{pin.distribution}: commit {pin.commit} is dated {date}, but {pin.pin_file} says {pin.date}; fix the pin.")
-    target = _cached(cache, pin, tree)
-    with buildcache.locked(target, who=pin.distribution):
-        if not _reusable(target, pin.distribution):
+    entry = _entry(cache, pin, tree)
+    with entry.locked():
+        if not _reusable(entry):
             with step(pin.distribution, f"checking out {pin.commit[:12]} from {origin}"):
-                _materialize(git_dir, pin, target)
-    return Source(pin.distribution, target, tree, pin.commit, True, origin, None, date)
+                record = entry.make(lambda staged: _materialize(git_dir, pin, staged / TREE))
+            if record["absent"]:
+                step.note(pin.distribution, f"{len(record['absent'])} file(s) outside the package are absent from the repository and left "
+                                            f"out: {', '.join(record['absent'])}")
+    return Source(pin.distribution, entry.path / TREE, tree, pin.commit, True, origin, None, date)
 
 
-def _materialize(git_dir: pathlib.Path, pin: Pin, target: pathlib.Path) -> None:
-    """Write the tree of the pinned commit, file by file (a mirror may lack
-    large blobs: those are allowed only outside the import package)."""
+def _materialize(git_dir: pathlib.Path, pin: Pin, tmp: pathlib.Path) -> dict[str, object]:
+    """Write the tree of the pinned commit into `tmp`, file by file (a
+    mirror may lack large blobs: those are allowed only outside the import
+    package); its cache record."""
     entries = tree_entries(git_dir, pin.commit)
     for e in entries:
         if e.kind != "blob":
             raise OverlayError(f"{pin.distribution}: the pinned tree has a {e.kind} at {e.path}; submodules are not supported.")
     batch = git("cat-file", "--batch", git_dir=git_dir, input="".join(e.oid + "\n" for e in entries).encode(), text=False,
                 who=pin.distribution).stdout
-    with staged_dir(target) as tmp:
-        absent = []
-        pos = 0
-        for e in entries:
-            mode, oid, name = e.mode, e.oid, e.path
-            end = batch.index(b"\n", pos)
-            header = batch[pos:end].split()
-            pos = end + 1
-            if header[-1] == b"missing":
-                absent.append(name)
-                continue
-            size = int(header[2])
-            data = batch[pos : pos + size]
-            pos += size + 1
-            if gittree.blob_id(data) != oid:
-                raise OverlayError(f"{pin.distribution}: blob {oid} ({name}) in {git_dir} is corrupt.")
-            dest = tmp / name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if mode == "120000":
-                os.symlink(data.decode(), dest)
-            else:
-                dest.write_bytes(data)
-                os.chmod(dest, 0o755 if mode == "100755" else 0o644)
-        inside = inside_package(absent, pin.import_package)
-        if inside:
-            raise OverlayError(
-                f"{pin.distribution}: the repository lacks files of the package itself: {', '.join(inside)}. "
-                "Use a complete clone as --source."
-            )
-        _mark(tmp, commit=pin.commit, absent=absent)
-    if absent:
-        step.note(pin.distribution, f"{len(absent)} file(s) outside the package are absent from the repository and left out: {', '.join(absent)}")
+    tmp.mkdir()
+    absent = []
+    pos = 0
+    for e in entries:
+        mode, oid, name = e.mode, e.oid, e.path
+        end = batch.index(b"\n", pos)
+        header = batch[pos:end].split()
+        pos = end + 1
+        if header[-1] == b"missing":
+            absent.append(name)
+            continue
+        size = int(header[2])
+        data = batch[pos : pos + size]
+        pos += size + 1
+        if gittree.blob_id(data) != oid:
+            raise OverlayError(f"{pin.distribution}: blob {oid} ({name}) in {git_dir} is corrupt.")
+        dest = tmp / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if mode == "120000":
+            os.symlink(data.decode(), dest)
+        else:
+            dest.write_bytes(data)
+            os.chmod(dest, 0o755 if mode == "100755" else 0o644)
+    inside = inside_package(absent, pin.import_package)
+    if inside:
+        raise OverlayError(
+            f"{pin.distribution}: the repository lacks files of the package itself: {', '.join(inside)}. "
+            "Use a complete clone as --source."
+        )
+    return _record(tmp, commit=pin.commit, absent=absent)
 
 
 def _ensure(path: pathlib.Path) -> pathlib.Path:
@@ -203,15 +199,18 @@ def _from_tree(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpin
             "Give a repository holding the pinned commit, or pass --unpinned to build this tree as a "
             "stand-in, labelled as not built from the pin."
         )
-    target = _cached(cache, pin, tree)
-    with buildcache.locked(target, who=pin.distribution):
-        if not _reusable(target, pin.distribution):
-            with staged_dir(target) as tmp:
-                shutil.copytree(path, tmp, symlinks=True, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".git"))
-                _mark(tmp)
+    entry = _entry(cache, pin, tree)
+    with entry.locked():
+        if not _reusable(entry):
+            entry.make(lambda staged: _record(_copy(path, staged / TREE)))
     if not from_pin:
         step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version or '?'}): wheels will be labelled unpinned")
-    return Source(pin.distribution, target, tree, None, from_pin, origin, version)
+    return Source(pin.distribution, entry.path / TREE, tree, None, from_pin, origin, version)
+
+
+def _copy(tree: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    shutil.copytree(tree, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    return dest
 
 
 def _from_archive(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, allow_unpinned: bool, origin: str) -> Source:

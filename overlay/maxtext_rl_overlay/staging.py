@@ -304,9 +304,11 @@ class FileOwner:
     owns: Callable[[bytes], bool]
 
     @classmethod
-    def first_line(cls, what: str, line: str) -> FileOwner:
-        """Files the tool writes with `line` as their first line."""
-        return cls(what, f"the first line {line!r}", lambda head: head.split(b"\n", 1)[0] == line.encode())
+    def first_line(cls, what: str, line: str, *earlier: str) -> FileOwner:
+        """Files the tool writes with `line` as their first line (or, written
+        by an earlier version of the tool, one of the `earlier` lines)."""
+        ours = {line.encode(), *(e.encode() for e in earlier)}
+        return cls(what, f"the first line {line!r}", lambda head: head.split(b"\n", 1)[0] in ours)
 
 
 def check_replaceable_file(dest: pathlib.Path, owner: FileOwner, *, flag: str = "") -> None:

@@ -189,7 +189,7 @@ def wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: st
 
 def _entry(cache: pathlib.Path, inputs: dict[str, Any], who: str) -> buildcache.Entry:
     key = buildcache.key(inputs)
-    return buildcache.Entry(cache / "wheels" / key, key, who=who, result="wheel", afresh="building afresh")
+    return buildcache.Entry(cache / "wheels" / key, key, who=who, kind="wheels")
 
 
 def kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Path, who: str) -> pathlib.Path | None:

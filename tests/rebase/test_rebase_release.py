@@ -17,7 +17,8 @@ from packaging.version import Version
 
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
-from maxtext_rl_overlay.rebase.release import QueuedMove, ReleaseState, parse_deps
+from maxtext_rl_overlay.rebase.release import parse_deps
+from maxtext_rl_overlay.rebase.state import QueuedMove, ReleaseState
 from support import ROOT
 from unit.unit_support import PackageIndex, commit_files, git, maxtext_release, maxtext_version, small_patch, small_project
 from unit.unit_support import small_upstream as make_small_upstream

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import buildenv, constraintsfile, indexpages, staging, wheels
+from maxtext_rl_overlay import buildcache, buildenv, constraintsfile, indexpages, staging, wheels
 from maxtext_rl_overlay.errors import ExitCode, OverlayError
 from support.project import project_copy
 from unit.unit_support import SmallFs
@@ -92,12 +92,17 @@ def test_a_kept_wheel_that_does_not_fit_leaves_no_half_written_entry(small_fs, t
 def test_a_build_environment_with_a_damaged_record_is_made_again(tmp_path):
     """Its record is written last, whole; one cut short (a full disk before
     records were renamed into place, a crash) reads as no environment."""
-    marker = tmp_path / ".complete"
-    assert buildenv._complete(marker) is None
+    entry = buildcache.Entry(tmp_path / "buildenv" / ("k" * 64), "k" * 64, who="vllm", kind="buildenv")
+    entry.path.mkdir(parents=True)
+    marker = entry.record_path
+    assert buildenv.kept_environment(entry) is None
+    assert entry.path.is_dir(), "no record: a build stopped in it; the make removes it"
     marker.write_text('{"version": "2.11.0", "cu')
-    assert buildenv._complete(marker) is None
-    marker.write_text('{"version": "2.11.0", "cuda": ""}')
-    assert buildenv._complete(marker) == {"version": "2.11.0", "cuda": ""}
+    assert buildenv.kept_environment(entry) is None
+    assert not entry.path.exists(), "a damaged one is removed"
+    entry.path.mkdir(parents=True)
+    marker.write_text(f'{{"version": "2.11.0", "cuda": "", "key": "{entry.key}"}}')
+    assert buildenv.kept_environment(entry) == {"version": "2.11.0", "cuda": "", "key": entry.key}
 
 
 # -- the command: status 3, the path named, no traceback, before any work -----

@@ -36,8 +36,8 @@ def start(opts: RebaseOptions) -> Report:
     if opts.name not in DISTRIBUTIONS:
         raise OverlayError(f"unknown distribution {opts.name!r}; choose from {', '.join(DISTRIBUTIONS)}.")
     paths = Paths(root, opts.name)
-    if paths.run.record.exists():
-        other = state.load(root)
+    if paths.run.in_progress():
+        other = paths.run.load()
         raise paths.run.in_progress_error(other.aborting, f"a rebase of {other.name}")
     if opts.check_clean:
         refuse_dirty(root)
@@ -72,7 +72,7 @@ def _start(opts: RebaseOptions, root: pathlib.Path, paths: Paths, pin: Pin, patc
             old=PinValues(pin.commit, pin.tree, pin.date, pin.version),
             patches=[PatchEntry(p.name, p.subject) for p in patches], notes=notes, base=out("rev-parse", "HEAD", cwd=paths.work),
         )
-        state.save(root, run)
+        paths.run.save(run)
     except BaseException:
         shutil.rmtree(paths.run.folder, ignore_errors=True)  # nothing was changed yet
         raise
@@ -85,7 +85,7 @@ def resume(root: pathlib.Path) -> Report:
     """--continue: take the person's resolution of the stopped patch, go on."""
     began = time.monotonic()
     root = root.resolve()
-    run = state.load(root)
+    run = state.distribution_run(root).load()
     paths = Paths(root, run.name)
     if run.aborting:
         raise paths.run.in_progress_error(aborting=True)
@@ -96,18 +96,18 @@ def resume(root: pathlib.Path) -> Report:
                 apply.rewind(paths.work, run.head())
             else:
                 apply.take_resolution(paths.work, entry, run.new_commit, _backed_up_patch(paths, entry),
-                                      record=lambda: state.save(root, run))
-                state.save(root, run)
+                                      record=lambda: paths.run.save(run))
+                paths.run.save(run)
         return _run(root, run, began)
 
 
 def abort(root: pathlib.Path) -> str:
     root = root.resolve()
-    run = state.load(root)
+    run = state.distribution_run(root).load()
     paths = Paths(root, run.name)
     if not run.aborting:
         run.aborting = True  # first: an abort cut short is finished by --abort, not built on by --continue
-        state.save(root, run)
+        paths.run.save(run)
     state.restore(root, paths.run.folder, run.touched)
     for folder in (paths.work, paths.find):
         shutil.rmtree(folder, ignore_errors=True)
@@ -134,15 +134,15 @@ def _run(root: pathlib.Path, run: RebaseState, began: float) -> Report:
                 # clone only, which borrows no object from the cache.
                 run.git_dir = str(upstream.stand_alone(run.name, paths.work, pathlib.Path(run.git_dir)))
                 run.seconds += time.monotonic() - began
-                state.save(root, run)
+                paths.run.save(run)
                 return _stopped_report(root, run, patch)
-            state.save(root, run)  # the patch's outcome: a kill after this does not apply it again
+            paths.run.save(run)  # the patch's outcome: a kill after this does not apply it again
         run.phase = "write"
-        state.save(root, run)
+        paths.run.save(run)
     if run.phase == "write":
         export.write(root, run, paths.work)
         run.phase = "written"
-        state.save(root, run)
+        paths.run.save(run)
     if run.build:
         rebuild(root, run.name, "building the wheels and constraints.txt from the new pins", _build_sources(run), run.cache,
                 run.standins, written="The rebased series and pin are written")

@@ -45,13 +45,11 @@ is found by its pin, already at the release's commit, and not made again
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 import shutil
 import time
 import zipfile
-from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
@@ -67,6 +65,7 @@ from .fasttests import run_fast_tests
 from .options import RebaseOptions, ReleaseOptions
 from .rebuild import rebuild
 from .render import render
+from .state import QueuedMove, ReleaseState
 
 #: Where a MaxText release names its upstream commits, inside its wheel.
 DEPS_FILE = "dependencies/extra_deps/post_train_github_deps.txt"
@@ -172,41 +171,6 @@ def _holds(path: pathlib.Path, commit: str) -> bool:
     return git("cat-file", "-e", f"{commit}^{{commit}}", cwd=path, check=False).returncode == 0
 
 
-@dataclasses.dataclass(frozen=True)
-class QueuedMove:
-    """A move left to make, as release.json records it (its keys are the
-    record's: a move stopped by one version of the tool is resumed by another)."""
-    name: str
-    commit: str  # the release's commit of `name`: where its pin goes
-    source: str | None  # the --source holding it
-
-
-@dataclasses.dataclass
-class ReleaseState:
-    version: str
-    extra: list[str]  # [old, new] requirement of the `maxtext` extra
-    queue: list[QueuedMove]  # the moves left, the head one in progress
-    plan: list[str]  # the plan's lines, for the report
-    tables: list[str] = dataclasses.field(default_factory=list)  # the finished moves' reports
-    touched: list[str] = dataclasses.field(default_factory=list)
-    sources: dict[str, str] = dataclasses.field(default_factory=dict)
-    build: bool = False
-    standins: bool = False
-    run_tests: bool = True
-    cache: str = ""
-    seconds: float = 0.0
-    clones: list[str] = dataclasses.field(default_factory=list)  # the distributions whose work clones the move makes
-    aborting: bool = False  # an --abort began: only --abort goes on from here
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> ReleaseState:
-        data: dict[str, Any] = json.loads(text)
-        return cls(**{**data, "queue": [QueuedMove(**move) for move in data["queue"]]})
-
-
 @dataclasses.dataclass
 class ReleaseReport:
     text: str
@@ -219,20 +183,8 @@ class ReleaseReport:
 
 
 def in_progress(root: pathlib.Path) -> bool:
+    """Whether a `rebase --maxtext` is in progress (the command line asks)."""
     return state.release_run(root.resolve()).in_progress()
-
-
-def _save(root: pathlib.Path, run: ReleaseState) -> None:
-    write_atomically(state.release_run(root).record, run.to_json())
-
-
-def _load(root: pathlib.Path) -> ReleaseState:
-    f = state.release_run(root).record
-    try:
-        return ReleaseState.from_json(f.read_text())
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise OverlayError(f"{f} is not a release rebase state this tool reads ({exc}); undo by hand with "
-                           f"`git checkout -- patches pyproject.toml constraints.txt` in {root}, then remove {f.parent}.") from None
 
 
 def start(opts: ReleaseOptions) -> ReleaseReport:
@@ -240,9 +192,10 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
     root = opts.project_root.resolve()
     own = state.release_run(root)
     if own.in_progress():
-        raise own.in_progress_error(_load(root).aborting, "a rebase --maxtext")
-    if state.state_file(root).exists():
-        raise state.distribution_run(root).in_progress_error(state.load(root).aborting)
+        raise own.in_progress_error(own.load().aborting, "a rebase --maxtext")
+    distribution = state.distribution_run(root)
+    if distribution.in_progress():
+        raise distribution.in_progress_error(distribution.load().aborting)
     machine.refuse_dirty(root)
     cache = opts.cache or sources.cache_root()
     with buildcache.using(cache):  # the release wheel goes into it; `clean` waits
@@ -257,30 +210,31 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
     run = ReleaseState(the_plan.version, list(the_plan.extra), [QueuedMove(m.name, m.new, m.source) for m in the_plan.moving],
                        the_plan.lines(), touched=touched, sources=dict(opts.sources), build=opts.build, standins=opts.standins,
                        run_tests=opts.run_tests, cache=str(cache), clones=[m.name for m in the_plan.moving])
-    _save(root, run)  # the commit point of the start: the backup is whole
+    own.save(run)  # the commit point of the start: the backup is whole
     return _advance(root, run, began)
 
 
 def resume(root: pathlib.Path) -> ReleaseReport:
     root = root.resolve()
-    run = _load(root)
+    own = state.release_run(root)
+    run = own.load()
     if run.aborting:
-        raise state.release_run(root).in_progress_error(aborting=True, what="a rebase --maxtext")
+        raise own.in_progress_error(aborting=True, what="a rebase --maxtext")
     return _advance(root, run, time.monotonic())
 
 
 def abort(root: pathlib.Path) -> str:
     root = root.resolve()
-    run = _load(root)
+    own = state.release_run(root)
+    run = own.load()
     if not run.aborting:
         run.aborting = True  # first: an abort cut short is finished by --abort, not built on by --continue
-        _save(root, run)
+        own.save(run)
     distribution = state.distribution_run(root)
     if distribution.in_progress():
         machine.abort(root)  # the stopped distribution's work clone and state
     elif distribution.folder.exists():
         remove_tree(distribution.folder)  # a distribution's rebase killed before its start was recorded, or after its end was
-    own = state.release_run(root)
     state.restore(root, own.folder, run.touched)
     removed = []
     for name in run.clones:  # the finished moves' work clones too
@@ -295,16 +249,17 @@ def abort(root: pathlib.Path) -> str:
 
 
 def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseReport:
+    own = state.release_run(root)
     while run.queue:
         move = run.queue[0]
-        if state.in_progress(root):
+        if state.distribution_run(root).in_progress():
             report = machine.resume(root)  # the move that stopped, resolved by the person
         elif load_project(root).pins[move.name].commit == move.commit:
             # Its rebase ended (its record is gone) and this run was killed before recording that: done, not made again.
             run.tables.append(f"{move.name}: moved to {move.commit[:12]} by a run that was stopped before it recorded "
                               "the move (its table was lost with it)")
             run.queue.pop(0)
-            _save(root, run)
+            own.save(run)
             continue
         else:
             others = {n: p for n, p in run.sources.items() if n != move.name}
@@ -312,14 +267,14 @@ def _advance(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseRepo
                                                  run_tests=False, cache=pathlib.Path(run.cache), check_clean=False))
         if report.stopped:
             run.seconds += time.monotonic() - began
-            _save(root, run)
+            own.save(run)
             text = "\n\n".join(["\n".join(run.plan), *run.tables, render(report)])
             return ReleaseReport(text + f"\n(--continue goes on with {', '.join(m.name for m in run.queue[1:]) or 'the extra'} "
                                  "after this one; --abort restores the whole move, pyproject.toml included.)", stopped=True)
         report.message = ""  # one next step, for the whole move, below
         run.tables.append(render(report))
         run.queue.pop(0)
-        _save(root, run)
+        own.save(run)
     return _end(root, run, began)
 
 

@@ -1,6 +1,14 @@
 """What a rebase remembers between its start, a stop at a conflict and
---continue or --abort (build/rebase/state/state.json), and the backup of
-every project file it may write, taken before the first change.
+--continue or --abort, and the backup of every project file it may write,
+taken before the first change.
+
+A run is a folder below build/rebase/ and the record in it (RunFolder):
+the per-distribution rebase's, build/rebase/state/state.json
+(RebaseState), and `--maxtext`'s, build/rebase/release/release.json
+(ReleaseState), which wraps the distributions' runs. Both records are a
+Record: JSON of the dataclass, read back typed, written and read only by
+their RunFolder; a run is in progress when its record exists
+(RunFolder.in_progress), and nothing else asks.
 
 The record is the commit point of every step, so that a rebase killed at
 any instant (SIGKILL, the OOM killer, a lost machine: no cleanup runs) is
@@ -27,7 +35,9 @@ import json
 import pathlib
 import shutil
 import sys
-from typing import Any, Literal
+import types
+import typing
+from typing import Any, Literal, Self
 
 from ..errors import OverlayError
 from ..staging import recover, remove_file, remove_tree, write_atomically
@@ -54,6 +64,42 @@ class Outcome(enum.StrEnum):
 Phase = Literal["applying", "write", "written"]
 
 
+class Record:
+    """A run's record (a dataclass): its JSON, and the dataclass read back
+    from it with every field of its declared type (nested records, enums,
+    lists, optional values). A field added later has a default, so that an
+    older record still loads."""
+
+    def to_json(self) -> str:
+        assert dataclasses.is_dataclass(self)
+        return json.dumps(dataclasses.asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        made: Self = _typed(cls, json.loads(text))
+        return made
+
+
+def _typed(hint: Any, value: Any) -> Any:
+    """`value` (parsed JSON) as the type `hint` says: a dataclass from its
+    fields (TypeError, KeyError or ValueError when they do not fit)."""
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise TypeError(f"{hint.__name__}: not an object")
+        hints = typing.get_type_hints(hint)
+        return hint(**{name: _typed(hints[name], v) for name, v in value.items()})
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return None if value is None else _typed(next(a for a in args if a is not type(None)), value)
+    if origin is list:
+        return [_typed(args[0], v) for v in value]
+    if origin is dict:
+        return {k: _typed(args[1], v) for k, v in value.items()}
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class PinValues:
     """The values of a pin the rebase moves; only the commit is known until
@@ -74,7 +120,8 @@ class PatchEntry:
 
 
 @dataclasses.dataclass
-class RebaseState:
+class RebaseState(Record):
+    """The per-distribution rebase's record (build/rebase/state/state.json)."""
     name: str
     new_ref: str
     new_commit: str
@@ -105,16 +152,34 @@ class RebaseState:
         done = [p for p in self.patches if p.outcome != Outcome.PENDING]
         return done[-1].commit if done else (self.base or self.new_commit)
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1)
 
-    @classmethod
-    def from_json(cls, text: str) -> RebaseState:
-        data: dict[str, Any] = json.loads(text)
-        data["old"] = PinValues(**data["old"])
-        data["new"] = PinValues(**data["new"]) if data.get("new") else None
-        data["patches"] = [PatchEntry(**{**p, "outcome": Outcome(p["outcome"])}) for p in data["patches"]]
-        return cls(**data)
+@dataclasses.dataclass(frozen=True)
+class QueuedMove:
+    """A move left to make, as release.json records it (its keys are the
+    record's: a move stopped by one version of the tool is resumed by another)."""
+    name: str
+    commit: str  # the release's commit of `name`: where its pin goes
+    source: str | None  # the --source holding it
+
+
+@dataclasses.dataclass
+class ReleaseState(Record):
+    """`rebase --maxtext`'s record (build/rebase/release/release.json): what
+    is left to do (release.py)."""
+    version: str
+    extra: list[str]  # [old, new] requirement of the `maxtext` extra
+    queue: list[QueuedMove]  # the moves left, the head one in progress
+    plan: list[str]  # the plan's lines, for the report
+    tables: list[str] = dataclasses.field(default_factory=list)  # the finished moves' reports
+    touched: list[str] = dataclasses.field(default_factory=list)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    build: bool = False
+    standins: bool = False
+    run_tests: bool = True
+    cache: str = ""
+    seconds: float = 0.0
+    clones: list[str] = dataclasses.field(default_factory=list)  # the distributions whose work clones the move makes
+    aborting: bool = False  # an --abort began: only --abort goes on from here
 
 
 def _base(root: pathlib.Path) -> pathlib.Path:
@@ -122,18 +187,49 @@ def _base(root: pathlib.Path) -> pathlib.Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunFolder:
+class RunFolder[R: (RebaseState, ReleaseState)]:
     """A resumable run's folder below build/rebase/ (gitignored), and the
-    record in it that makes it one: the commit point of each of its steps."""
+    record in it that makes it one: the commit point of each of its steps,
+    a `kind` (Record), written and read here only. `undo` is what
+    `git checkout --` puts back when the record cannot be read."""
+    root: pathlib.Path
     folder: pathlib.Path
     record: pathlib.Path
+    kind: type[R]
+    undo: str
 
     @classmethod
-    def below(cls, root: pathlib.Path, folder: str, record: str) -> RunFolder:
-        return cls(_base(root) / folder, _base(root) / folder / record)
+    def below(cls, root: pathlib.Path, folder: str, record: str, kind: type[R], undo: str) -> RunFolder[R]:
+        return cls(root, _base(root) / folder, _base(root) / folder / record, kind, undo)
 
     def in_progress(self) -> bool:
+        """Whether the run is in progress: its record exists. (The one way
+        the tool asks.)"""
         return self.record.is_file()
+
+    def save(self, run: R) -> None:
+        """Write the record, whole (the commit point of a step)."""
+        write_atomically(self.record, run.to_json())
+
+    def load(self) -> R:
+        """The record of the run in progress; an OverlayError, saying what
+        to do, where there is none or it cannot be read."""
+        if not self.in_progress():
+            stale = [str(run.folder) for run in (distribution_run(self.root), release_run(self.root)) if run.stale()]
+            left = (f"; {' and '.join(stale)} {'is' if len(stale) == 1 else 'are'} left over from a rebase stopped before its start "
+                    "was recorded or after its end was (the project is as before it or as after it: see git status), and the "
+                    "next start clears it" if stale else "")
+            raise OverlayError(f"no rebase is in progress ({self.record} does not exist{left}): start one with "
+                               "scripts/rebase.sh NAME NEW_REF.")
+        try:
+            return self.kind.from_json(self.record.read_text())
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            # Only a different version of this tool writes another shape; the
+            # checkout was clean when the rebase began, so git can put it back.
+            raise OverlayError(
+                f"{self.record} is not a rebase record this version of the tool reads ({exc}). Undo the rebase by hand: "
+                f"`git checkout -- {self.undo}` in {self.root}, then remove {_base(self.root)}."
+            ) from None
 
     def in_progress_error(self, aborting: bool, what: str = "a rebase") -> OverlayError:
         """What a start, or --continue, says of `what` (a rebase) whose record exists."""
@@ -166,24 +262,14 @@ class RunFolder:
         remove_tree(self.folder)
 
 
-def distribution_run(root: pathlib.Path) -> RunFolder:
+def distribution_run(root: pathlib.Path) -> RunFolder[RebaseState]:
     """The per-distribution rebase's (machine.py): build/rebase/state/state.json."""
-    return RunFolder.below(root, "state", "state.json")
+    return RunFolder.below(root, "state", "state.json", RebaseState, "patches constraints.txt")
 
 
-def release_run(root: pathlib.Path) -> RunFolder:
+def release_run(root: pathlib.Path) -> RunFolder[ReleaseState]:
     """`rebase --maxtext`'s own (release.py), wrapping the distributions' runs."""
-    return RunFolder.below(root, "release", "release.json")
-
-
-def state_file(root: pathlib.Path) -> pathlib.Path:
-    """The per-distribution rebase's record."""
-    return distribution_run(root).record
-
-
-def in_progress(root: pathlib.Path) -> bool:
-    """Whether a per-distribution rebase is in progress (its record exists)."""
-    return distribution_run(root).in_progress()
+    return RunFolder.below(root, "release", "release.json", ReleaseState, "patches pyproject.toml constraints.txt")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +279,7 @@ class Paths:
     name: str
 
     @property
-    def run(self) -> RunFolder:
+    def run(self) -> RunFolder[RebaseState]:
         return distribution_run(self.root)
 
     @property
@@ -207,29 +293,6 @@ class Paths:
     @property
     def find(self) -> pathlib.Path:
         return _base(self.root) / f"{self.name}.find-base"
-
-
-def save(root: pathlib.Path, state: RebaseState) -> None:
-    write_atomically(state_file(root), state.to_json())
-
-
-def load(root: pathlib.Path) -> RebaseState:
-    f = state_file(root)
-    if not f.is_file():
-        stale = [str(run.folder) for run in (distribution_run(root), release_run(root)) if run.stale()]
-        left = (f"; {' and '.join(stale)} {'is' if len(stale) == 1 else 'are'} left over from a rebase stopped before its start "
-                "was recorded or after its end was (the project is as before it or as after it: see git status), and the "
-                "next start clears it" if stale else "")
-        raise OverlayError(f"no rebase is in progress ({f} does not exist{left}): start one with scripts/rebase.sh NAME NEW_REF.")
-    try:
-        return RebaseState.from_json(f.read_text())
-    except (ValueError, KeyError, TypeError) as exc:
-        # Only a different version of this tool writes another shape; the
-        # checkout was clean when the rebase began, so git can put it back.
-        raise OverlayError(
-            f"{f} is not a rebase state this version of the tool reads ({exc}). Undo the rebase by hand: "
-            f"`git checkout -- patches constraints.txt` in {root}, then remove {f.parent.parent}."
-        ) from None
 
 
 def backup(root: pathlib.Path, state_dir: pathlib.Path, touched: list[str]) -> None:
