@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from maxtext_rl_overlay import gittree, inputdigests, patchfile
+from maxtext_rl_overlay import constraintsfile, gittree, inputdigests, patchfile
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
 from support import ROOT
@@ -106,7 +106,7 @@ def test_constraints_pin_exactly_what_the_pins_and_revision_build():
     text = (ROOT / "constraints.txt").read_text()
     stale = inputdigests.stale_constraints(text, PROJECT)
     assert not stale, stale
-    assert text.startswith("# maxtext-rl-overlay constraints: generated")
+    assert text.startswith(constraintsfile.CONSTRAINTS_HEADER), text[:200]
     assert "\n--find-links ./dist\n" in text
     for name in ("google-tunix", "tpu-inference"):
         pin = PROJECT.pins[name]
