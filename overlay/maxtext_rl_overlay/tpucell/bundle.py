@@ -174,10 +174,12 @@ def make(opts: BundleOptions) -> Bundle:
         release_pins = _pins(closure)
         (staging / "release-closure.txt").write_text(f"# The release's closure ({requirement}, Python {TARGET_PYTHON} on {TARGET_PLATFORM}).\n"
                                                       + "".join(f"{n}=={v}\n" for n, v in sorted(release_pins.items())))
-        (tmp / "constraints.txt").write_text("".join(f"{n}=={v}\n" for n, v in release_pins.items() if n not in overrides))
+        # The release's pins as preferences (uv keeps each one an output file
+        # pins where the host's Python allows it), the host's as overrides.
+        (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in release_pins.items() if n not in overrides))
         (tmp / "overrides.txt").write_text("".join(f"{n}=={v}\n" for n, v in overrides.items()))
-        flags = ["-c", str(tmp / "constraints.txt"), "--override", str(tmp / "overrides.txt"), "--find-links", str(staging / "wheels"),
-                 "--index-strategy", "unsafe-best-match", "--no-build"]
+        flags = ["--output-file", str(tmp / "host.txt"), "--override", str(tmp / "overrides.txt"), "--find-links", str(staging / "wheels"),
+                 "--index-strategy", "unsafe-best-match"]
         for loc in index.locations:
             flags += ["--extra-index-url", loc.url] if loc.simple else ["--find-links", str(loc.folder)]
         host_pins = _pins(_compile(f"resolving the closure for the host (Python {opts.host_python}, JAX {host_jax}, the host's index first)",
@@ -268,13 +270,27 @@ def _rebuild(opts: BundleOptions, name: str, dest: pathlib.Path, version: str) -
 
 
 def _download(missing: dict[str, str], python: str, platform: str, dest: pathlib.Path) -> None:
-    """The wheels the host's index lacks, from the registry (pip's default index)."""
+    """The wheels the host's index lacks, from the registry (pip's default
+    index); one published only as an sdist is built here into a wheel, which
+    must then be pure Python (py3-none-any), or the host could not use it."""
     arch, _, libc = platform.partition("-")
-    with step("tpu-cell", f"downloading {len(missing)} wheel(s) the host's index lacks: {', '.join(missing)}"):
-        proc.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", python,
-                  "--implementation", "cp", "--platform", f"{libc}_{arch}", "--platform", f"linux_{arch}", "--dest", str(dest),
-                  *(f"{n}=={v}" for n, v in missing.items())], env={"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-                 what="downloading the wheels the host's index lacks")
+    env = {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", python,
+                "--implementation", "cp", "--platform", f"{libc}_{arch}", "--platform", f"linux_{arch}", "--dest", str(dest)]
+    with step("tpu-cell", f"downloading {len(missing)} wheel(s) the host's index lacks: {', '.join(f'{n}=={v}' for n, v in missing.items())}"):
+        for name, version in missing.items():
+            done = proc.run([*download, f"{name}=={version}"], env=env, check=False, what=f"downloading {name}=={version}")
+            if done.returncode == 0:
+                continue
+            with scratch_dir("mrl-tpu-cell-wheel-") as tmp:
+                proc.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-binary", name, "--wheel-dir", str(tmp),
+                          f"{name}=={version}"], env=env, what=f"building {name}=={version} from its sdist (no wheel published)")
+                for wheel in tmp.glob("*.whl"):
+                    if not wheel.name.endswith("-py3-none-any.whl") and not wheel.name.endswith("-py2.py3-none-any.whl"):
+                        raise OverlayError(f"{name}=={version} has no wheel for the host, and its sdist builds {wheel.name}, not a pure "
+                                           "Python wheel: the host cannot build it. Give --host-override with a version that has one.")
+                    shutil.copy2(wheel, dest / wheel.name)
+                    step.note("tpu-cell", f"{name}=={version}: no wheel published; built {wheel.name} from its sdist here")
 
 
 def _copy_tests(root: pathlib.Path, staging: pathlib.Path) -> None:
