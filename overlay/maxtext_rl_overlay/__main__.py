@@ -205,9 +205,10 @@ def _cmd_tpu_cell_bundle(args: argparse.Namespace) -> int:
             raise UsageError(f"--source {name} given twice.")
         given[name] = path
     bundle = make(BundleOptions(project_root=_project(args), release=args.release, out=args.out, host_index=tuple(args.host_index),
-                                host_python=args.host_python, host_jax=args.host_jax,
+                                host_python=args.host_python, host_platform=args.host_platform, host_jax=args.host_jax,
                                 host_keep=tuple(n.strip() for n in args.host_keep.split(",") if n.strip()),
-                                host_overrides=tuple(args.host_override), sources=given, python=args.python,
+                                host_overrides=tuple(args.host_override), sources=given,
+                                leave_out=tuple(n.strip() for n in args.leave_out.split(",") if n.strip()), python=args.python,
                                 allow_unpinned=args.unpinned, torch_standin=args.torch_standin))
     for wheel, why in sorted(bundle.carried.items()):
         print(f"carried  {wheel}  ({why})")
@@ -407,11 +408,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="the host's package index: a simple index (folder or file:// URL) or a folder of wheels, as the same path "
                          "exists on the host (repeat for each)")
     cb.add_argument("--host-python", default=BundleOptions.host_python, metavar="X.Y", help="the host's Python (default: %(default)s)")
+    cb.add_argument("--host-platform", default=BundleOptions.host_platform, metavar="ARCH-manylinux_2_N",
+                    help="the host's platform, its glibc as a manylinux tag (default: %(default)s, the release's; run.sh checks it)")
     cb.add_argument("--host-jax", metavar="VERSION", help="the host's JAX (default: the one version the host's index holds)")
     cb.add_argument("--host-keep", default=",".join(BundleOptions.host_keep), metavar="NAME,...",
                     help="what the host has installed of its own and keeps (default: %(default)s)")
     cb.add_argument("--host-override", action="append", default=[], metavar="NAME==VERSION",
                     help="a distribution the host takes at another version than the release's (a deviation, named as one)")
+    cb.add_argument("--leave-out", default="", metavar="NAME,...",
+                    help="distributions of the closure not to install on the host (what one call can carry is limited); named as deviations")
     cb.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
                     help="as build's: the pin's source (tpu-inference's tests; vLLM where it is rebuilt for the host's Python)")
     cb.add_argument("--python", type=_python_arg, metavar="PYTHON", help="an interpreter of the host's Python here (vLLM's rebuild)")

@@ -80,6 +80,7 @@ class BundleOptions:
     host_jax: str | None = None  # default: the one JAX the host's index holds
     host_keep: tuple[str, ...] = HOST_KEEP
     host_overrides: tuple[str, ...] = ()  # NAME==VERSION the host takes instead of the release's
+    leave_out: tuple[str, ...] = ()  # distributions of the closure not installed on the host (named as deviations)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # as build's --source
     python: str | None = None  # a local interpreter of the host's Python version (vLLM's rebuild)
     allow_unpinned: bool = False
@@ -174,19 +175,34 @@ def make(opts: BundleOptions) -> Bundle:
         release_pins = _pins(closure)
         (staging / "release-closure.txt").write_text(f"# The release's closure ({requirement}, Python {TARGET_PYTHON} on {TARGET_PLATFORM}).\n"
                                                       + "".join(f"{n}=={v}\n" for n, v in sorted(release_pins.items())))
-        # The release's pins as preferences (uv keeps each one an output file
-        # pins where the host's Python allows it), the host's as overrides.
-        (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in release_pins.items() if n not in overrides))
+        # Preferences (uv keeps each pin of an existing output file that the
+        # inputs allow): the release's version where the host's index holds
+        # it, else the host's newest (what one call can carry is small: a
+        # version the host lacks is carried), else the release's; the host's
+        # own JAX and the overrides are forced.
+        preferred = {}
+        for name, version in release_pins.items():
+            if name in overrides:
+                continue
+            held = index.versions(name, compatible)
+            preferred[name] = version if not held or Version(version) in held else str(held[0])
+        (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in preferred.items()))
         (tmp / "overrides.txt").write_text("".join(f"{n}=={v}\n" for n, v in overrides.items()))
         flags = ["--output-file", str(tmp / "host.txt"), "--override", str(tmp / "overrides.txt"), "--find-links", str(staging / "wheels"),
                  "--index-strategy", "unsafe-best-match"]
         for loc in index.locations:
             flags += ["--extra-index-url", loc.url] if loc.simple else ["--find-links", str(loc.folder)]
-        host_pins = _pins(_compile(f"resolving the closure for the host (Python {opts.host_python}, JAX {host_jax}, the host's index first)",
-                                   requirement, opts.host_python, flags, tmp))
+        _compile(f"resolving the closure for the host (Python {opts.host_python}, JAX {host_jax}, the host's index first)",
+                 requirement, opts.host_python, flags, tmp)
+        host_pins = _pins((tmp / "host.txt").read_text())  # --output-file: uv writes its answer there
         ours = {canonicalize_name(str(parse_wheel_filename(w)[0])) for w in carried}
         keep = {canonicalize_name(n) for n in opts.host_keep} | {"jax", "jaxlib"}
         on_host, missing = {}, {}
+        left_out = {canonicalize_name(n) for n in opts.leave_out}
+        unknown = sorted(left_out - set(host_pins))
+        if unknown:
+            raise OverlayError(f"--leave-out {', '.join(unknown)}: not in the host's closure.")
+        host_pins = {n: v for n, v in host_pins.items() if n not in left_out}
         for name, version in sorted(host_pins.items()):
             if name in ours or name in keep:
                 continue
@@ -208,6 +224,8 @@ def make(opts: BundleOptions) -> Bundle:
                        if host_pins.get(n) != v and n not in ours]
         deviations += [f"{n} {v} (not in the release's closure)" for n, v in sorted(host_pins.items()) if n not in release_pins]
         deviations += [f"{w}: {why}" for w, why in carried.items() if "rebuilt" in why]
+        if left_out:
+            deviations.append(f"left out (--leave-out): {', '.join(sorted(left_out))}")
         _copy_tests(opts.project_root, staging)
         _copy_upstream_tests(opts, staging)
         shutil.copytree(opts.project_root / STAND_INS, staging / "stand-ins", ignore=shutil.ignore_patterns("__pycache__"))
@@ -223,6 +241,7 @@ def make(opts: BundleOptions) -> Bundle:
             "host_index": list(opts.host_index),
             "host_keep": sorted(keep),
             "host_overrides": overrides,
+            "left_out": sorted(left_out),
             "release_python": TARGET_PYTHON,
             "carried": carried,
             "on_host": on_host,

@@ -133,6 +133,11 @@ class Cell:
         if host["jax"] != want_jax:
             raise SystemExit(f"tpu-cell: this host's JAX (on PYTHONPATH) is {host['jax']}; the bundle was resolved for {want_jax}: "
                              f"make it again with --host-jax {host['jax']}.")
+        libc, version = platform.libc_ver()
+        want_glibc = int(self.facts.get("host_platform", "x86_64-manylinux_2_17").rsplit("_", 1)[-1])
+        if libc != "glibc" or int(version.split(".")[1]) < want_glibc:
+            raise SystemExit(f"tpu-cell: this host's C library is {libc} {version}; the bundle was made for glibc 2.{want_glibc} or newer: "
+                             "make it again with --host-platform naming this host's.")
         for where in self.facts["host_index"]:
             folder = where.removeprefix("file://")
             if not os.path.isdir(folder):
