@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import sys
 import zipfile
@@ -192,29 +193,40 @@ def make(opts: BundleOptions) -> Bundle:
                  "--index-strategy", "unsafe-best-match"]
         for loc in index.locations:
             flags += ["--extra-index-url", loc.url] if loc.simple else ["--find-links", str(loc.folder)]
-        _compile(f"resolving the closure for the host (Python {opts.host_python}, JAX {host_jax}, the host's index first)",
-                 requirement, opts.host_python, flags, tmp)
-        host_pins = _pins((tmp / "host.txt").read_text())  # --output-file: uv writes its answer there
+        what = f"resolving the closure for the host (Python {opts.host_python}, JAX {host_jax}, the host's index first)"
         ours = {canonicalize_name(str(parse_wheel_filename(w)[0])) for w in carried}
         keep = {canonicalize_name(n) for n in opts.host_keep} | {"jax", "jaxlib"}
-        on_host, missing = {}, {}
         left_out = {canonicalize_name(n) for n in opts.leave_out}
-        unknown = sorted(left_out - set(host_pins))
-        if unknown:
-            raise OverlayError(f"--leave-out {', '.join(unknown)}: not in the host's closure.")
-        host_pins = {n: v for n, v in host_pins.items() if n not in left_out}
-        for name, version in sorted(host_pins.items()):
-            if name in ours or name in keep:
+        no_build: set[str] = set()  # their sdists compile: another version of them
+        while True:
+            no_build_flags = [f for n in sorted(no_build) for f in ("--only-binary", n)]
+            _resolve_for_host(what, requirement, opts.host_python, [*flags, *no_build_flags], tmp, index, compatible, preferred)
+            host_pins = _pins((tmp / "host.txt").read_text())  # --output-file: uv writes its answer there
+            unknown = sorted(left_out - set(host_pins))
+            if unknown:
+                raise OverlayError(f"--leave-out {', '.join(unknown)}: not in the host's closure.")
+            host_pins = {n: v for n, v in host_pins.items() if n not in left_out}
+            on_host, missing = {}, {}
+            for name, version in sorted(host_pins.items()):
+                if name in ours or name in keep:
+                    continue
+                found = index.provides(name, version, compatible)
+                if found:
+                    on_host[f"{name}=={version}"] = found
+                elif not any(parse_wheel_filename(w.name)[:2] == (name, Version(version)) for w in (staging / "wheels").glob("*.whl")):
+                    missing[name] = version  # (not downloaded in an earlier round)
+            compiled = _download(missing, opts.host_python, opts.host_platform, staging / "wheels") if missing else set()
+            if not compiled:
+                break
+            no_build |= compiled
+        for wheel in sorted((staging / "wheels").glob("*.whl")):
+            got, at = parse_wheel_filename(wheel.name)[:2]
+            if got in ours:
                 continue
-            found = index.provides(name, version, compatible)
-            if found:
-                on_host[f"{name}=={version}"] = found
+            if host_pins.get(got) == str(at):
+                carried.setdefault(wheel.name, "the host's index lacks it")
             else:
-                missing[name] = version
-        if missing:
-            _download(missing, opts.host_python, opts.host_platform, staging / "wheels")
-            for file in sorted(p.name for p in (staging / "wheels").iterdir()):
-                carried.setdefault(file, "the host's index lacks it")
+                wheel.unlink()  # an earlier round's, whose version moved
         (staging / "requirements.txt").write_text(
             f"# The TPU cell's closure for the host: {requirement}, Python {opts.host_python}, JAX {host_jax} (the host's).\n"
             + "".join(f"{n}=={v}\n" for n, v in sorted(host_pins.items())))
@@ -259,8 +271,34 @@ def make(opts: BundleOptions) -> Bundle:
     return Bundle(out, size, carried, on_host, deviations)
 
 
+def _resolve_for_host(what: str, requirement: str, python: str, flags: list[str], tmp: pathlib.Path, index: hostindex.HostIndex,
+                      compatible: list[Any], preferred: dict[str, str]) -> None:
+    """The host's closure into tmp/host.txt. uv does not always keep an
+    output file's pin it could (seen: certifi, fastapi): the versions the
+    host's index holds are constraints, each one uv names in a conflict
+    dropped (a few rounds), then preferences alone."""
+    hosts = {n: v for n, v in preferred.items() if index.provides(n, v, compatible)}
+    for _ in range(12):
+        (tmp / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in hosts.items()))
+        (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in preferred.items()))
+        try:
+            _compile(what, requirement, python, [*flags, "-c", str(tmp / "held.txt")], tmp)
+            return
+        except OverlayError as exc:
+            said = str(exc).lower().replace("_", "-")
+            named = {n for n in hosts if re.search(rf"(?<![\w-]){re.escape(n)}[=<>!~ ]", said)}
+            if not named:
+                break
+            step.note("tpu-cell", f"the host's {', '.join(f'{n} {hosts[n]}' for n in sorted(named))} cannot hold: resolving again without")
+            for n in named:
+                del hosts[n]
+    step.note("tpu-cell", "the host's versions cannot hold as constraints: resolving with them as preferences alone")
+    (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in preferred.items()))
+    _compile(what, requirement, python, flags, tmp)
+
+
 def _largest(folder: pathlib.Path) -> list[str]:
-    files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size)[:3]
+    files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size)[:10]
     return [f"{p.name} {p.stat().st_size / 2**20:.1f} MiB" for p in files]
 
 
@@ -288,28 +326,52 @@ def _rebuild(opts: BundleOptions, name: str, dest: pathlib.Path, version: str) -
     return record.wheel.filename
 
 
-def _download(missing: dict[str, str], python: str, platform: str, dest: pathlib.Path) -> None:
+def _download(missing: dict[str, str], python: str, platform: str, dest: pathlib.Path) -> set[str]:
     """The wheels the host's index lacks, from the registry (pip's default
-    index); one published only as an sdist is built here into a wheel, which
-    must then be pure Python (py3-none-any), or the host could not use it."""
-    arch, _, libc = platform.partition("-")
+    index). One published only as an sdist is built here where it is pure
+    Python (its wheel, py3-none-any, serves any host); the names of those
+    whose sdist would compile (the host cannot build, nor can it run what
+    this machine compiles for itself) are returned, for the resolution to
+    take another version of them."""
     env = {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     download = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--python-version", python,
-                "--implementation", "cp", "--platform", f"{libc}_{arch}", "--platform", f"linux_{arch}", "--dest", str(dest)]
+                "--implementation", "cp", *(f"--platform={p}" for p in hostindex.platforms(platform)), "--dest", str(dest)]
+    left, compiled = dict(missing), set[str]()
     with step("tpu-cell", f"downloading {len(missing)} wheel(s) the host's index lacks: {', '.join(f'{n}=={v}' for n, v in missing.items())}"):
-        for name, version in missing.items():
-            done = proc.run([*download, f"{name}=={version}"], env=env, check=False, what=f"downloading {name}=={version}")
+        while left:
+            done = proc.run([*download, *(f"{n}=={v}" for n, v in left.items())], env=env, check=False, what="downloading the wheels")
             if done.returncode == 0:
-                continue
-            with scratch_dir("mrl-tpu-cell-wheel-") as tmp:
-                proc.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-binary", name, "--wheel-dir", str(tmp),
-                          f"{name}=={version}"], env=env, what=f"building {name}=={version} from its sdist (no wheel published)")
-                for wheel in tmp.glob("*.whl"):
-                    if not wheel.name.endswith("-py3-none-any.whl") and not wheel.name.endswith("-py2.py3-none-any.whl"):
-                        raise OverlayError(f"{name}=={version} has no wheel for the host, and its sdist builds {wheel.name}, not a pure "
-                                           "Python wheel: the host cannot build it. Give --host-override with a version that has one.")
-                    shutil.copy2(wheel, dest / wheel.name)
-                    step.note("tpu-cell", f"{name}=={version}: no wheel published; built {wheel.name} from its sdist here")
+                break
+            found = re.search(r"No matching distribution found for ([A-Za-z0-9_.-]+)==", done.stderr)
+            name = canonicalize_name(found.group(1)) if found else None
+            if name not in left:
+                raise OverlayError(f"downloading the wheels the host's index lacks failed: {done.stderr.strip()[-800:]}")
+            version = left.pop(name)
+            if not _wheel_from_sdist(name, version, dest, env):
+                compiled.add(name)
+    return compiled
+
+
+def _wheel_from_sdist(name: str, version: str, dest: pathlib.Path, env: dict[str, str]) -> bool:
+    """`name` built from its sdist into a pure Python wheel in `dest`. False
+    (nothing built) where it publishes wheels for other Pythons or
+    platforms (it is native code: the host needs another version of it), or
+    its sdist builds a wheel that is not pure Python."""
+    with scratch_dir("mrl-tpu-cell-wheel-") as tmp:
+        native = proc.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest", str(tmp / "any"),
+                           f"{name}=={version}"], env=env, check=False, what=f"asking whether {name}=={version} publishes wheels")
+        if native.returncode == 0:
+            step.note("tpu-cell", f"{name}=={version}: no wheel for the host (only for other Pythons or platforms): another version")
+            return False
+        proc.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-binary", name, "--wheel-dir", str(tmp / "wheel"),
+                  f"{name}=={version}"], env=env, what=f"building {name}=={version} from its sdist (no wheel published)")
+        for wheel in (tmp / "wheel").glob("*.whl"):
+            if not wheel.name.endswith(("-py3-none-any.whl", "-py2.py3-none-any.whl")):
+                step.note("tpu-cell", f"{name}=={version}: its sdist builds {wheel.name}, not pure Python: another version")
+                return False
+            shutil.copy2(wheel, dest / wheel.name)
+            step.note("tpu-cell", f"{name}=={version}: no wheel published; built {wheel.name} from its sdist here")
+    return True
 
 
 def _copy_tests(root: pathlib.Path, staging: pathlib.Path) -> None:

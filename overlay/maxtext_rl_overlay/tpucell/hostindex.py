@@ -104,20 +104,24 @@ def read(locations: Sequence[str]) -> HostIndex:
     return HostIndex(tuple(found))
 
 
-def host_tags(python: str, platform: str) -> list[tags.Tag]:
-    """The wheel tags a CPython `python` (3.11) on `platform`
-    (x86_64-manylinux_2_31: uv's spelling) can install."""
-    try:
-        major, minor = (int(x) for x in python.split(".")[:2])
-    except ValueError:
-        raise OverlayError(f"--host-python {python!r}: expected a version such as 3.11.") from None
+def platforms(platform: str) -> list[str]:
+    """The platform tags a host of `platform` (x86_64-manylinux_2_31: uv's
+    spelling) installs, newest first."""
     arch, _, libc = platform.partition("-")
     if not libc.startswith("manylinux_2_"):
         raise OverlayError(f"host platform {platform!r}: expected ARCH-manylinux_2_N (such as x86_64-manylinux_2_31).")
     glibc = int(libc.removeprefix("manylinux_2_"))
-    platforms = [f"manylinux_2_{n}_{arch}" for n in range(glibc, 4, -1)]
-    platforms += [f"manylinux{legacy}_{arch}" for legacy, n in (("2014", 17), ("2010", 12), ("1", 5)) if n <= glibc]
-    platforms.append(f"linux_{arch}")
-    interpreter = f"cp{major}{minor}"
-    return [*tags.cpython_tags((major, minor), abis=[interpreter, "abi3", "none"], platforms=platforms),
-            *tags.compatible_tags((major, minor), interpreter=interpreter, platforms=platforms)]
+    found = [f"manylinux_2_{n}_{arch}" for n in range(glibc, 4, -1)]
+    found += [f"manylinux{legacy}_{arch}" for legacy, n in (("2014", 17), ("2010", 12), ("1", 5)) if n <= glibc]
+    return [*found, f"linux_{arch}"]
+
+
+def host_tags(python: str, platform: str) -> list[tags.Tag]:
+    """The wheel tags a CPython `python` (3.11) on `platform` can install."""
+    try:
+        major, minor = (int(x) for x in python.split(".")[:2])
+    except ValueError:
+        raise OverlayError(f"--host-python {python!r}: expected a version such as 3.11.") from None
+    interpreter, where = f"cp{major}{minor}", platforms(platform)
+    return [*tags.cpython_tags((major, minor), abis=[interpreter, "abi3", "none"], platforms=where),
+            *tags.compatible_tags((major, minor), interpreter=interpreter, platforms=where)]
