@@ -33,7 +33,7 @@ STEPS = ("install", "verify", "smoke", "fixes", "upstream", "bench")
 #: Each step's own bound, seconds (--timeout overrides them all).
 TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "upstream": 540, "bench": 540}
 #: The host stand-ins the bundle carries (stand-ins/sitecustomize.py holds each).
-STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-absent")
+STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
 #: The variable that names the active stand-ins for sitecustomize.py.
 STAND_INS_VARIABLE = "MRL_HOST_STAND_INS"
 INSTALLED = ".mrl-tpu-cell-installed"
@@ -148,7 +148,7 @@ class Cell:
         self.check_host(host)
         self.check_sums()
         kept = {_normal(n) for n in host["host_path_distributions"]}
-        skipped = {"torchvision"} if "torchvision-absent" in self.stand_ins else set()
+        skipped: set[str] = set()
         pins = {n: v for n, v in _pins(self.bundle / "requirements.txt").items() if n not in kept and n not in skipped}
         key = hashlib.sha256(json.dumps([sorted(pins.items()), (self.bundle / "wheels" / "SHA256SUMS").read_text()]).encode()).hexdigest()
         marker = self.target / INSTALLED
@@ -182,8 +182,6 @@ class Cell:
             result["summary"] = (f"{len(pins)} distribution(s) into {self.target} ({size / 2**30:.2f} GiB); the host's own kept: "
                                  + ", ".join(f"{n} {v}" for n, v in sorted(host["host_path_distributions"].items()) if _normal(n) in
                                              _pins(self.bundle / "requirements.txt")))
-            if skipped:
-                result["summary"] += f"; left out by a stand-in: {', '.join(sorted(skipped))} (torchvision-absent)"
         return result
 
     def check_sums(self) -> None:

@@ -18,9 +18,13 @@ engine copies into its result, so every line it touches names it.
   decomposition table names overloads torch 2.13 dropped. Stands in: an
   overload lookup that torch no longer has is skipped where torchax builds
   that table, instead of failing the import.
-- torchvision-absent: torchvision is not installed (the host's torchvision
-  is a CUDA build, which fails on `torchvision::nms` next to the CPU torch);
-  run.sh's install leaves it out. Nothing here runs for it.
+- torchvision-no-ops: the host's torchvision (0.28, PyPI's CUDA build) cannot
+  load its C++ ops next to the CPU torch, and its import then fails where it
+  registers their meta kernels (`RuntimeError: operator torchvision::nms
+  does not exist`); transformers' image processors (Gemma4Processor, which
+  tpu-inference's gemma4_mm imports) need it importable. Stands in: that
+  registration module (torchvision._meta_registrations) is an empty one:
+  torchvision imports, without its C++ ops (calling one raises).
 """
 
 from __future__ import annotations
@@ -32,11 +36,30 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-NAMES = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-absent")
+NAMES = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
 ASKED = [n for n in os.environ.get("MRL_HOST_STAND_INS", "").split(",") if n]
 #: The port get_open_port answers without binding (no inet socket can be made here).
 FIXED_PORT = int(os.environ.get("MRL_HOST_STAND_IN_PORT", "29511"))
 ACTIVE: dict[str, str] = {}
+
+
+class _Empty(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Named modules found as empty ones, never executed."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.machinery.ModuleSpec(name, self) if name in self.names else None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        pass
+
+
+_empty = _Empty()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -155,8 +178,10 @@ def _install() -> None:
         _hooks.hooks["torchax"] = lambda module: None
         _hooks.hooks["torch"] = lambda module: _torchax_overloads()
         _activate("torch-2.13-torchax", "aten overloads torch 2.13 dropped read as absent while torchax imports")
-    if "torchvision-absent" in ASKED:
-        _activate("torchvision-absent", "torchvision not installed (the host's is a CUDA build)")
+    if "torchvision-no-ops" in ASKED:
+        _empty.names.add("torchvision._meta_registrations")
+        _activate("torchvision-no-ops", "torchvision imports without its C++ ops (its meta registrations skipped)")
+        sys.meta_path.insert(0, _empty)
     if _hooks.hooks:
         sys.meta_path.insert(0, _hooks)
 
