@@ -417,10 +417,11 @@ DEVIATION = "a HOST DEVIATION from the release"
 def host_deviations(closure: pathlib.Path) -> list[str]:
     """What this environment runs that differs from the release's closure
     (`closure`: its `name==version` lines, as the TPU cell's bundle writes
-    them, release-closure.txt): the Python, each distribution at another
-    version, and those not installed. Said, never accepted silently: verify
-    --host-deviations names each one in its verdict."""
-    from .environment import TARGET_PYTHON
+    them, release-closure.txt, whose header names the release's Python):
+    the Python, each distribution at another version, and those not
+    installed. Said, never accepted silently: verify --host-deviations names
+    each one in its verdict."""
+    import re
 
     try:
         text = closure.read_text()
@@ -434,8 +435,10 @@ def host_deviations(closure: pathlib.Path) -> list[str]:
             pins[str(canonicalize_name(name))] = version.strip()
     if not pins:
         raise OverlayError(f"--host-deviations {closure}: no name==version lines (give the bundle's release-closure.txt).")
+    said = re.search(r"^#.*\bPython (\d+\.\d+)\b", text, re.MULTILINE)
+    release_python = said.group(1) if said else "not said"
     python = ".".join(map(str, sys.version_info[:3]))
-    lines = [] if python.startswith(TARGET_PYTHON + ".") else [f"Python {python} (the release's: {TARGET_PYTHON})"]
+    lines = [] if python.startswith(release_python + ".") else [f"Python {python} (the release's: {release_python})"]
     absent = []
     for name, version in sorted(pins.items()):
         found = _version(name)

@@ -139,8 +139,10 @@ def test_an_unknown_step_or_stand_in_is_a_usage_error(tmp_path):
 
 def test_verify_names_every_deviation_and_accepts_only_torchs_version(tmp_path, monkeypatch):
     closure = tmp_path / "release-closure.txt"
-    closure.write_text("# the release's\npackaging==0.0.1\nnot-a-real-distribution==1.0\n")
+    closure.write_text("# The release's closure (maxtext-rl-overlay==0.1.0, Python 3.9 on x86_64-manylinux_2_31).\n"
+                       "packaging==0.0.1\nnot-a-real-distribution==1.0\n")
     lines = verify.host_deviations(closure)
+    assert lines[0] == f"Python {'.'.join(map(str, sys.version_info[:3]))} (the release's: 3.9)"
     assert any(line.startswith("packaging ") and line.endswith("(the release's: 0.0.1)") for line in lines)
     assert lines[-1] == "not installed (1): not-a-real-distribution"
     torch = verify.Finding("torch", "version", "2.11.0", "2.13.0+cpu", False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import pathlib
 import socket
 import subprocess
@@ -150,7 +149,9 @@ SOCKETS_STAND_IN = "no-inet-sockets"
 def host_stand_ins() -> list[str]:
     """The TPU cell's host stand-ins active in this process, as the cell's
     sitecustomize lists them ("name: what it replaces"); none on a TPU VM."""
-    return [s.strip() for s in os.environ.get("MRL_HOST_STAND_INS_ACTIVE", "").split(";") if s.strip()]
+    from ..options import settings
+
+    return list(settings().host_stand_ins)
 
 
 def _check_inet_sockets() -> None:
