@@ -111,7 +111,7 @@ class Cell:
                                             if any(os.path.realpath(where).startswith(p) for p in host_path)}
         facts = {
             "python": found["python"],
-            "glibc": "-".join(platform.libc_ver()),
+            "glibc": platform.libc_ver()[1],
             "machine": platform.machine(),
             "jax": found["distributions"].get("jax", ["not installed"])[0],
             "jaxlib": found["distributions"].get("jaxlib", ["not installed"])[0],
