@@ -366,3 +366,20 @@ def _build_overlay(project: Project, files: tuple[str, ...], record: manifest.Ma
         epoch = max((wheels.commit_epoch(e.pin.date) for e in record.distributions.values() if e.pin.date), key=int,
                     default=wheels.commit_epoch(None))
         return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=python, cache=cache)
+
+
+def build_one(project_root: pathlib.Path, name: str, source: str | None, out_dir: pathlib.Path, *, python: str, allow_unpinned: bool,
+              torch_standin: bool, cache: pathlib.Path | None = None) -> manifest.Distribution:
+    """One upstream's wheel, built into `out_dir` as `build` builds it (the
+    same source check, series, settings and cache) but for `python`, with no
+    index and no closure: the TPU cell's wheel for a host whose Python the
+    release's closure cannot serve (tpucell/bundle.py)."""
+    project = load_project(project_root)
+    if name not in project.pins:
+        raise OverlayError(f"unknown distribution {name!r}; choose from {', '.join(project.pins)}.")
+    cache = cache or sources.cache_root()
+    opts = BuildOptions(project.root, {name: source} if source else {}, python=python, allow_unpinned=allow_unpinned,
+                        torch_standin=torch_standin, cache=cache)
+    with buildcache.using(cache):
+        env = environment.resolve(project, torch_standin=torch_standin, cache=cache)
+        return _build_upstream(project, project.pins[name], opts, env, out_dir, cache)

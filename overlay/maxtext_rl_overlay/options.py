@@ -270,6 +270,7 @@ VARIABLES = {
     "MRL_REFRESH": "1: resolve the closure afresh, whatever the cache holds (default: 0)",
     "MRL_CLOSURE_MAX_AGE": "seconds a cached resolution of the closure is reused (default: 86400, a day)",
     "MRL_PYTHON": "the interpreter of the matrix's cells, tried before python3.X on PATH and pyenv's (default: none)",
+    "MRL_HOST_STAND_INS_ACTIVE": "set by the TPU cell's host stand-ins: those active in this process, 'NAME: what; ...' (default: none)",
 }
 #: How long a cached resolution is reused, in seconds.
 CLOSURE_MAX_AGE = 24 * 3600.0
@@ -282,6 +283,7 @@ class Settings:
     refresh: bool = False
     closure_max_age: float = CLOSURE_MAX_AGE
     python: str | None = None
+    host_stand_ins: tuple[str, ...] = ()  # the TPU cell's, "NAME: what" (docs/tpu-cell.md)
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -299,10 +301,11 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     if not 0 <= age < math.inf:
         raise OverlayError(f"MRL_CLOSURE_MAX_AGE={env['MRL_CLOSURE_MAX_AGE']!r}: expected a number of seconds (0 or more).")
     return Settings(cache_dir=pathlib.Path(cache).expanduser().absolute(), refresh=refresh in _TRUE, closure_max_age=age,
-                    python=env.get("MRL_PYTHON") or None)
+                    python=env.get("MRL_PYTHON") or None,
+                    host_stand_ins=tuple(s.strip() for s in env.get("MRL_HOST_STAND_INS_ACTIVE", "").split(";") if s.strip()))
 
 
 #: MRL_* variables of the scripts and the test suites, not of the tool
 #: (docs/configuration.md lists them with the tool's).
 TEST_VARIABLES = ("MRL_SOURCES", "MRL_WORK", "MRL_KEEP", "MRL_PLATFORM", "MRL_QUICK", "MRL_MAXTEXT", "MRL_MAXTEXT_SHIMS",
-                  "MRL_BENCH_PYTHON", "MRL_PAGES_URL", "MRL_KILL_POINTS")
+                  "MRL_BENCH_PYTHON", "MRL_PAGES_URL", "MRL_KILL_POINTS", "MRL_PYTHON311", "MRL_HOST_STAND_INS", "MRL_HOST_STAND_IN_PORT")

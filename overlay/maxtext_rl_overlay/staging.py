@@ -459,6 +459,14 @@ REMOVE_TRIES = 3
 REMOVE_PAUSE = 0.2
 
 
+def _rmtree(path: pathlib.Path, errors: list[BaseException]) -> None:
+    """shutil.rmtree, each error kept in `errors` (Python 3.12's onexc; 3.11's onerror)."""
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=lambda func, name, exc: errors.append(exc))
+    else:
+        shutil.rmtree(path, onerror=lambda func, name, info: errors.append(info[1]))
+
+
 def remove_tree(path: pathlib.Path) -> bool:
     """Remove a folder and everything in it; False (and a warning naming it)
     if it could not be. Never raises: a signal meanwhile is only recorded,
@@ -467,7 +475,7 @@ def remove_tree(path: pathlib.Path) -> bool:
     with interrupts.held(raise_after=False):
         for attempt in range(REMOVE_TRIES):
             errors.clear()
-            shutil.rmtree(path, onexc=lambda func, name, exc: errors.append(exc))
+            _rmtree(path, errors)
             if not os.path.lexists(path):
                 return True
             if attempt + 1 < REMOVE_TRIES:

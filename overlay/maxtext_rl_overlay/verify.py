@@ -32,7 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import manifest, proc, tables
 from .digest import sha256_file
-from .errors import TimedOut
+from .errors import OverlayError, TimedOut
 from .manifest import Manifest
 
 #: How long the import check may take (tpu_inference alone imports vLLM,
@@ -408,3 +408,52 @@ def explain(findings: list[Finding], doc: Manifest) -> list[str]:
     if failed:
         lines.append(f"The stack does not import: {failed[0].what} failed with {failed[0].found}.")
     return lines
+
+
+#: What a finding accepted as a host's deviation says (verify --host-deviations).
+DEVIATION = "a HOST DEVIATION from the release"
+
+
+def host_deviations(closure: pathlib.Path) -> list[str]:
+    """What this environment runs that differs from the release's closure
+    (`closure`: its `name==version` lines, as the TPU cell's bundle writes
+    them, release-closure.txt, whose header names the release's Python):
+    the Python, each distribution at another version, and those not
+    installed. Said, never accepted silently: verify --host-deviations names
+    each one in its verdict."""
+    import re
+
+    try:
+        text = closure.read_text()
+    except OSError as exc:
+        raise OverlayError(f"--host-deviations {closure}: cannot read it ({exc.strerror}).") from None
+    pins: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line and not line.startswith("-"):
+            name, version = line.split("==", 1)
+            pins[str(canonicalize_name(name))] = version.strip()
+    if not pins:
+        raise OverlayError(f"--host-deviations {closure}: no name==version lines (give the bundle's release-closure.txt).")
+    said = re.search(r"^#.*\bPython (\d+\.\d+)\b", text, re.MULTILINE)
+    release_python = said.group(1) if said else "not said"
+    python = ".".join(map(str, sys.version_info[:3]))
+    lines = [] if python.startswith(release_python + ".") else [f"Python {python} (the release's: {release_python})"]
+    absent = []
+    for name, version in sorted(pins.items()):
+        found = _version(name)
+        if found == "not installed":
+            absent.append(name)
+        elif found != version:
+            lines.append(f"{name} {found} (the release's: {version})")
+    if absent:
+        lines.append(f"not installed ({len(absent)}): {', '.join(absent)}")
+    return lines
+
+
+def accept_deviations(findings: list[Finding], deviations: list[str]) -> list[Finding]:
+    """The closure's findings that only a named deviation fails (torch at
+    the host's version) accepted, saying so; the overlay's own never are."""
+    named = {line.split()[0] for line in deviations}
+    return [dataclasses.replace(f, found=f"{f.found} ({DEVIATION})", ok=True)
+            if not f.ok and f.what == "version" and f.distribution == "torch" and f.distribution in named else f for f in findings]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections.abc import Sequence
+from typing import TypeAlias
 
 from ..errors import UsageError
 from ..options import named_source
@@ -60,7 +61,7 @@ class Abort:
 
 #: What `rebase` does: carry one series onto NEW_REF (RebaseOptions), find
 #: its base, move every pin to a MaxText release's (ReleaseOptions), resume or abort.
-type Request = RebaseOptions | FindBase | ReleaseOptions | Resume | Abort
+Request: TypeAlias = RebaseOptions | FindBase | ReleaseOptions | Resume | Abort
 
 
 def absolute(path: str) -> str:

@@ -37,7 +37,7 @@ import shutil
 import sys
 import types
 import typing
-from typing import Any, Literal, Self
+from typing import Any, Generic, Literal, Self, TypeVar
 
 from ..errors import OverlayError
 from ..staging import recover, remove_file, remove_tree, write_atomically
@@ -186,8 +186,12 @@ def _base(root: pathlib.Path) -> pathlib.Path:
     return root / "build" / "rebase"
 
 
+#: The record a RunFolder keeps (a TypeVar, not 3.12's class syntax: the tool runs on Python 3.11).
+R = TypeVar("R", "RebaseState", "ReleaseState")
+
+
 @dataclasses.dataclass(frozen=True)
-class RunFolder[R: (RebaseState, ReleaseState)]:
+class RunFolder(Generic[R]):
     """A resumable run's folder below build/rebase/ (gitignored), and the
     record in it that makes it one: the commit point of each of its steps,
     a `kind` (Record), written and read here only. `undo` is what

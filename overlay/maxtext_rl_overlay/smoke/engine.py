@@ -44,6 +44,8 @@ PROCESS_ENV = {
     "VLLM_DISABLE_COMPILE_CACHE": "1",  # no persistent JAX cache
     "HF_HUB_OFFLINE": "1",  # the models are made here, nothing is downloaded
 }
+#: How a TPU cell host's stand-in is labelled among the result's stand-ins.
+HOST_STAND_IN = "host stand-in"
 #: jax's event for one XLA compilation, with its seconds.
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
@@ -127,6 +129,9 @@ class Engine:
             self.result.stand_ins = [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
             count_live_arrays_as_memory()
             self.result.stand_ins.append("memory statistics: live arrays' bytes against 1 GiB a device")
+        from .run import host_stand_ins
+
+        self.result.stand_ins += [f"{HOST_STAND_IN}: {s}" for s in host_stand_ins()]
         from tpu_inference.runner.tpu_runner import TPUModelRunner
 
         init_mesh = TPUModelRunner._init_mesh

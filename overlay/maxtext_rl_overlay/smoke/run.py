@@ -9,6 +9,7 @@ import dataclasses
 import importlib.util
 import json
 import pathlib
+import socket
 import subprocess
 import sys
 import tempfile
@@ -113,6 +114,8 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
         raise CannotRun(
             f"no TPU here (jax's backend is {backend}): smoke qualifies a TPU VM. --cpu-simulation runs the same checks on 8 CPU devices ({NOTICE})."
         )
+    if not opts.cpu_simulation:
+        _check_inet_sockets()
     report = SmokeReport(opts.cpu_simulation, [])
     with tempfile.TemporaryDirectory(prefix="mrl-smoke-") as tmp:
         work = pathlib.Path(tmp)
@@ -138,6 +141,31 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
             if maxtext is not None:
                 maxtext.stop()
     return report
+
+
+#: The TPU cell's stand-in for a host that refuses inet sockets (docs/tpu-cell.md), by name.
+SOCKETS_STAND_IN = "no-inet-sockets"
+
+
+def host_stand_ins() -> list[str]:
+    """The TPU cell's host stand-ins active in this process, as the cell's
+    sitecustomize lists them ("name: what it replaces"); none on a TPU VM."""
+    from ..options import settings
+
+    return list(settings().host_stand_ins)
+
+
+def _check_inet_sockets() -> None:
+    """vLLM's engine asks for a free inet port and makes a gloo group: on a
+    host that refuses inet sockets it would die in a traceback."""
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
+    except OSError as error:
+        if any(s.startswith(SOCKETS_STAND_IN + ":") for s in host_stand_ins()):
+            return
+        raise CannotRun(f"this host refuses inet sockets ({error}): vLLM's engine binds a port and makes a gloo group with them. "
+                        f"The TPU cell's stand-in {SOCKETS_STAND_IN!r} replaces both (docs/tpu-cell.md: run.sh --host-stand-ins "
+                        f"{SOCKETS_STAND_IN}).") from None
 
 
 class _MaxTextReference:

@@ -1,0 +1,359 @@
+"""The TPU cell on its host: `bash BUNDLE/run.sh --report DIR [--steps ...]`
+(run.sh runs this file, the bundle's cell.py, with the host's python3).
+
+Standard library only, Python 3.11: it runs before anything is installed.
+It reads the host (its Python, its JAX and libtpu on PYTHONPATH, its
+index, its chips), installs the bundle offline into --target, appended to
+PYTHONPATH after the host's own folders (the host's JAX stays first), and
+runs each step asked for in a process of its own with its own timeout. The
+report, DIR/cell.json and DIR/cell.md, accumulates: a later call adds its
+steps to what an earlier call wrote (the host may be a fresh machine each
+call; install is skipped where --target already holds this bundle's
+install). Host stand-ins (the bundle's stand-ins/) are active only where
+named with --host-stand-ins, and every step says which were."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from typing import Any
+
+STEPS = ("install", "verify", "smoke", "fixes", "upstream", "bench")
+#: Each step's own bound, seconds (--timeout overrides them all).
+TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "upstream": 540, "bench": 540}
+#: The host stand-ins the bundle carries (stand-ins/sitecustomize.py holds each).
+STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
+#: The variable that names the active stand-ins for sitecustomize.py.
+STAND_INS_VARIABLE = "MRL_HOST_STAND_INS"
+INSTALLED = ".mrl-tpu-cell-installed"
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _pins(path: pathlib.Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line and not line.startswith("-"):
+            name, version = line.split("==", 1)
+            pins[_normal(name.split("[")[0])] = version.strip()
+    return pins
+
+
+# Run with the host's python and the step's PYTHONPATH: what is installed
+# where, and (argv[1] == "1") jax's devices.
+_FACTS = r"""
+import importlib.metadata as md, json, sys
+out = {"python": sys.version.split()[0], "distributions": {}}
+for d in md.distributions():
+    name = (d.metadata["Name"] or "").lower()
+    if name and name not in out["distributions"]:
+        out["distributions"][name] = [d.version, str(d.locate_file(""))]
+if sys.argv[1] == "1":
+    try:
+        import jax
+        devices = jax.devices()
+        out["devices"] = {"backend": jax.default_backend(), "count": len(devices), "kind": devices[0].device_kind}
+    except Exception as error:
+        out["devices"] = {"error": f"{type(error).__name__}: {error}"[:300]}
+print(json.dumps(out))
+"""
+
+
+class Cell:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.bundle: pathlib.Path = args.bundle.resolve()
+        self.facts = json.loads((self.bundle / "bundle.json").read_text())
+        self.report_dir: pathlib.Path = args.report.resolve()
+        self.target: pathlib.Path = (args.target or self.bundle.parent / "site").resolve()
+        self.python: str = sys.executable
+        self.stand_ins: list[str] = args.host_stand_ins
+        self.timeout: float | None = args.timeout
+        self.host_path = os.environ.get("PYTHONPATH", "")
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        (self.report_dir / "steps").mkdir(exist_ok=True)
+        path = self.report_dir / "cell.json"
+        self.report: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"steps": {}}
+
+    # -- the environment of every step -------------------------------------
+
+    def env(self) -> dict[str, str]:
+        parts = [p for p in self.host_path.split(os.pathsep) if p] + [str(self.target)]
+        if self.stand_ins:
+            parts.append(str(self.bundle / "stand-ins"))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(parts), PATH=f"{self.target / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+        env[STAND_INS_VARIABLE] = ",".join(self.stand_ins)
+        return env
+
+    def host_facts(self, devices: bool) -> dict[str, Any]:
+        """The host's Python, what its own PYTHONPATH holds (JAX), and its chips."""
+        env = dict(os.environ, PYTHONPATH=self.host_path)
+        done = subprocess.run([self.python, "-c", _FACTS, "1" if devices else "0"], env=env, capture_output=True, text=True, timeout=300)
+        try:
+            found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            raise SystemExit(f"tpu-cell: could not read the host's facts: {done.stderr.strip()[-500:]}") from None
+        host_path = [os.path.realpath(p) for p in self.host_path.split(os.pathsep) if p]
+        found["host_path_distributions"] = {n: v for n, (v, where) in found["distributions"].items()
+                                            if any(os.path.realpath(where).startswith(p) for p in host_path)}
+        facts = {
+            "python": found["python"],
+            "glibc": platform.libc_ver()[1],
+            "machine": platform.machine(),
+            "jax": found["distributions"].get("jax", ["not installed"])[0],
+            "jaxlib": found["distributions"].get("jaxlib", ["not installed"])[0],
+            "libtpu": found["distributions"].get("libtpu", ["not installed"])[0],
+            "host_path_distributions": found["host_path_distributions"],
+        }
+        if devices:
+            facts["devices"] = found.get("devices")
+        return facts
+
+    # -- install -------------------------------------------------------------
+
+    def check_host(self, host: dict[str, Any]) -> None:
+        """The bundle was made for this host: its Python, its JAX, its index."""
+        want_python, want_jax = self.facts["host_python"], self.facts["host_jax"]
+        if not host["python"].startswith(want_python + "."):
+            raise SystemExit(f"tpu-cell: this host's Python is {host['python']}; the bundle was made for {want_python}: make it again "
+                             f"with --host-python {'.'.join(host['python'].split('.')[:2])}.")
+        if host["jax"] != want_jax:
+            raise SystemExit(f"tpu-cell: this host's JAX (on PYTHONPATH) is {host['jax']}; the bundle was resolved for {want_jax}: "
+                             f"make it again with --host-jax {host['jax']}.")
+        libc, version = platform.libc_ver()
+        want_glibc = int(self.facts.get("host_platform", "x86_64-manylinux_2_17").rsplit("_", 1)[-1])
+        if libc != "glibc" or int(version.split(".")[1]) < want_glibc:
+            raise SystemExit(f"tpu-cell: this host's C library is {libc} {version}; the bundle was made for glibc 2.{want_glibc} or newer: "
+                             "make it again with --host-platform naming this host's.")
+        for where in self.facts["host_index"]:
+            folder = where.removeprefix("file://")
+            if not os.path.isdir(folder):
+                raise SystemExit(f"tpu-cell: the host's index {where}, which the bundle was made against, is not on this host.")
+
+    def install(self) -> dict[str, Any]:
+        host = self.host_facts(devices=False)
+        self.check_host(host)
+        self.check_sums()
+        kept = {_normal(n) for n in host["host_path_distributions"]}
+        skipped: set[str] = set()
+        pins = {n: v for n, v in _pins(self.bundle / "requirements.txt").items() if n not in kept and n not in skipped}
+        key = hashlib.sha256(json.dumps([sorted(pins.items()), (self.bundle / "wheels" / "SHA256SUMS").read_text()]).encode()).hexdigest()
+        marker = self.target / INSTALLED
+        if marker.is_file() and marker.read_text().strip() == key:
+            return {"rc": 0, "summary": f"already installed in {self.target} (this bundle, these pins): skipped", "seconds": 0.0}
+        requirements = self.report_dir / "steps" / "install-requirements.txt"
+        requirements.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
+        staging = self.target.with_name(self.target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        cmd = [self.python, "-m", "pip", "install", "--isolated", "--no-input", "--disable-pip-version-check", "--only-binary=:all:",
+               "--no-deps", "--no-compile", "--target", str(staging), "--find-links", str(self.bundle / "wheels")]
+        first = True
+        for where in self.facts["host_index"]:
+            url = where if where.startswith("file://") else pathlib.Path(where).resolve().as_uri()
+            simple = any(os.path.isfile(os.path.join(where.removeprefix("file://"), d, "index.html"))
+                         for d in os.listdir(where.removeprefix("file://")))
+            if simple:
+                cmd += ["--index-url" if first else "--extra-index-url", url]
+                first = False
+            else:
+                cmd += ["--find-links", where.removeprefix("file://")]
+        if first:
+            cmd.append("--no-index")
+        cmd += ["-r", str(requirements)]
+        result = self.run("install", cmd, env=dict(os.environ, PIP_CONFIG_FILE=os.devnull, PYTHONPATH=self.host_path))
+        if result["rc"] == 0:
+            shutil.rmtree(self.target, ignore_errors=True)
+            staging.rename(self.target)
+            marker.write_text(key + "\n")
+            size = sum(p.stat().st_size for p in self.target.rglob("*") if p.is_file() and not p.is_symlink())
+            result["summary"] = (f"{len(pins)} distribution(s) into {self.target} ({size / 2**30:.2f} GiB); the host's own kept: "
+                                 + ", ".join(f"{n} {v}" for n, v in sorted(host["host_path_distributions"].items()) if _normal(n) in
+                                             _pins(self.bundle / "requirements.txt")))
+        return result
+
+    def check_sums(self) -> None:
+        for line in (self.bundle / "wheels" / "SHA256SUMS").read_text().splitlines():
+            digest, name = line.split(None, 1)
+            got = hashlib.sha256((self.bundle / "wheels" / name).read_bytes()).hexdigest()
+            if got != digest:
+                raise SystemExit(f"tpu-cell: wheels/{name} differs from the bundle's SHA256SUMS: the copy is damaged; carry the bundle again.")
+
+    # -- the steps -------------------------------------------------------------
+
+    def run(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None, junit: pathlib.Path | None = None,
+            cwd: pathlib.Path | None = None) -> dict[str, Any]:
+        log = self.report_dir / "steps" / f"{name}.log"
+        timeout = self.timeout or TIMEOUTS[name]
+        print(f"[tpu-cell] {name}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''} (at most {timeout:.0f} s; log {log})", flush=True)
+        began = time.monotonic()
+        with log.open("w") as out:
+            child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or self.env(), cwd=cwd or self.bundle,
+                                     start_new_session=True)
+            try:
+                rc = child.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, 9)
+                rc, timed_out = child.wait(), True
+        seconds = round(time.monotonic() - began, 1)
+        tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        result: dict[str, Any] = {"rc": rc, "seconds": seconds, "timed_out": timed_out, "command": " ".join(cmd), "tail": tail}
+        if junit is not None and junit.is_file():
+            result["tests"] = junit_counts(junit)
+        return result
+
+    def pytest(self, name: str, paths: list[str], extra_env: dict[str, str], *more: str) -> dict[str, Any]:
+        junit = self.report_dir / "steps" / f"{name}.xml"
+        env = self.env() | extra_env
+        return self.run(name, [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}", *more, *paths],
+                        env=env, junit=junit)
+
+    def step(self, name: str, passthrough: list[str]) -> dict[str, Any]:
+        tool = [self.python, "-m", "maxtext_rl_overlay"]
+        if name == "install":
+            return self.install()
+        if not (self.target / INSTALLED).is_file():
+            return {"rc": None, "summary": f"not run: nothing installed in {self.target} (run the install step first)", "seconds": 0.0}
+        if name == "verify":
+            return self.run(name, [*tool, "verify", "--host-deviations", str(self.bundle / "release-closure.txt"), *passthrough])
+        if name == "smoke":
+            json_file = self.report_dir / "steps" / "smoke.json"
+            result = self.run(name, [*tool, "smoke", "--json", str(json_file), *passthrough])
+            if json_file.is_file():
+                doc = json.loads(json_file.read_text())
+                result["failed"] = doc.get("failed")
+                result["cannot_run"] = doc.get("cannot_run")
+            return result
+        tests = {"PYTHONPATH": self.env()["PYTHONPATH"] + os.pathsep + str(self.bundle / "tests")}
+        if name == "fixes":
+            # One chip, the kernels compiled for it (no interpret mode).
+            return self.pytest(name, ["tests/fixes"], tests | {"MRL_PLATFORM": "tpu", "MRL_QUICK": "1"}, *passthrough)
+        if name == "upstream":
+            return self.pytest(name, [f"upstream/{p}" for p in self.facts["upstream_tests"]], {}, "--rootdir", "upstream", *passthrough)
+        if name == "bench":
+            return self.run(name, [self.python, "tests/bench/bench_logprobs.py", *passthrough], env=self.env() | tests)
+        raise SystemExit(f"tpu-cell: unknown step {name}")
+
+    # -- the report ------------------------------------------------------------
+
+    def deviations(self) -> list[str]:
+        """What this host runs that differs from the release's closure."""
+        release = _pins(self.bundle / "release-closure.txt")
+        env = self.env()
+        done = subprocess.run([self.python, "-c", _FACTS, "0"], env=env, capture_output=True, text=True, timeout=300)
+        try:
+            installed = {_normal(n): v for n, (v, _) in json.loads(done.stdout.strip().splitlines()[-1])["distributions"].items()}
+        except (IndexError, ValueError):
+            return ["could not be read: " + done.stderr.strip()[-300:]]
+        lines = [f"Python {platform.python_version()} (the release's: {self.facts['release_python']})"]
+        absent = []
+        for name, version in sorted(release.items()):
+            got = installed.get(name)
+            if got is None:
+                absent.append(name)
+            elif got != version:
+                lines.append(f"{name} {got} (the release's: {version})")
+        if absent:
+            lines.append(f"not installed ({len(absent)}): {', '.join(absent)}")
+        lines += [f"{w}: {why}" for w, why in self.facts["carried"].items() if "rebuilt" in why]
+        return lines
+
+    def write(self) -> None:
+        (self.report_dir / "cell.json").write_text(json.dumps(self.report, indent=1) + "\n")
+        (self.report_dir / "cell.md").write_text(render(self.report))
+
+
+def junit_counts(path: pathlib.Path) -> dict[str, int]:
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError:
+        return counts
+    for suite in root.iter("testsuite"):
+        for key in counts:
+            counts[key] += int(suite.get(key, 0))
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return counts
+
+
+def render(report: dict[str, Any]) -> str:
+    host = report.get("host", {})
+    devices = host.get("devices") or {}
+    lines = ["# TPU cell", "", f"Release: {report.get('release', '?')}; bundle made for Python {report.get('bundle_python', '?')}, "
+             f"JAX {report.get('bundle_jax', '?')}.", "",
+             "## Host", "",
+             f"- Python {host.get('python')}, glibc {host.get('glibc')}, {host.get('machine')}",
+             f"- jax {host.get('jax')}, jaxlib {host.get('jaxlib')}, libtpu {host.get('libtpu')} (the host's own, first on PYTHONPATH)",
+             f"- devices: {devices.get('count', '?')} x {devices.get('kind', devices.get('error', '?'))} ({devices.get('backend', '?')})",
+             "", "## Deviations from the release's closure", ""]
+    lines += [f"- {d}" for d in report.get("deviations", [])] or ["- (not read yet: run a step after install)"]
+    lines += ["", "## Steps", "", "| step | when | rc | seconds | tests | host stand-ins | summary |", "|---|---|---|---|---|---|---|"]
+    for name in STEPS:
+        s = report.get("steps", {}).get(name)
+        if s is None:
+            continue
+        t = s.get("tests")
+        tests = f"{t['passed']} passed, {t['failures']} failed, {t['errors']} errors, {t['skipped']} skipped" if t else "-"
+        summary = s.get("summary") or ("TIMED OUT" if s.get("timed_out") else (s.get("cannot_run") or "; ".join(s.get("failed") or [])
+                                                                              or (s.get("tail") or [""])[-1]))
+        stand_ins = ", ".join(s.get("stand_ins") or []) or "none"
+        lines.append(f"| {name} | {s.get('when', '')} | {s.get('rc')} | {s.get('seconds')} | {tests} | {stand_ins} | {summary.replace('|', '/')} |")
+    lines += ["", "Host stand-ins (docs/tpu-cell.md): active only where a step names them; none is in any wheel of the overlay.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="run.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", type=pathlib.Path, required=True, help=argparse.SUPPRESS)
+    parser.add_argument("--report", type=pathlib.Path, required=True, metavar="DIR", help="where cell.json and cell.md go (and are added to)")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, in this order: {','.join(STEPS)} (default: all)")
+    parser.add_argument("--host-stand-ins", default="", metavar="NAME,...", help=f"the stand-ins to activate, by name: {', '.join(STAND_INS)}")
+    parser.add_argument("--target", type=pathlib.Path, metavar="DIR", help="where the bundle installs (default: BUNDLE/../site)")
+    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="each step's bound (default: its own, under 10 minutes)")
+    parser.add_argument("passthrough", nargs="*", help="after --: more arguments for the (single) step named")
+    args = parser.parse_args(argv)
+    steps = [s for s in args.steps.split(",") if s]
+    wrong = [s for s in steps if s not in STEPS]
+    stand_ins = [s for s in args.host_stand_ins.split(",") if s]
+    unknown = [s for s in stand_ins if s not in STAND_INS]
+    if wrong or unknown:
+        parser.error(f"unknown step(s) {wrong}" if wrong else f"unknown stand-in(s) {unknown}; the bundle carries {', '.join(STAND_INS)}")
+    if args.passthrough and len(steps) != 1:
+        parser.error("arguments after -- go to one step: name only that one with --steps")
+    args.host_stand_ins = stand_ins
+    cell = Cell(args)
+    cell.report.update(release=cell.facts["release"], bundle_python=cell.facts["host_python"], bundle_jax=cell.facts["host_jax"])
+    cell.report["host"] = cell.host_facts(devices=any(s != "install" for s in steps))
+    worst = 0
+    for name in steps:
+        result = cell.step(name, args.passthrough)
+        result["when"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        result["stand_ins"] = stand_ins
+        cell.report["steps"][name] = result
+        if (cell.target / INSTALLED).is_file():
+            cell.report["deviations"] = cell.deviations()
+        cell.write()
+        print(f"[tpu-cell] {name}: rc {result['rc']}, {result['seconds']} s: {result.get('summary') or (result.get('tail') or [''])[-1]}",
+              flush=True)
+        worst = max(worst, result["rc"] if isinstance(result["rc"], int) and result["rc"] > 0 else 0)
+        if name == "install" and result["rc"] != 0:
+            break
+    print(f"[tpu-cell] report: {cell.report_dir / 'cell.md'}")
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The TPU cell's host stand-ins: the one place that stands in for what a
+cell host lacks (docs/tpu-cell.md). Never in a wheel, never on a TPU VM: the
+cell's run.sh puts this folder on PYTHONPATH (after everything else) only
+when --host-stand-ins names one, and each is active only where
+MRL_HOST_STAND_INS names it. Each active one is listed in
+MRL_HOST_STAND_INS_ACTIVE ("name: what it replaces; ..."), which smoke's
+engine copies into its result, so every line it touches names it.
+
+- no-inet-sockets: the host refuses AF_INET/AF_INET6 sockets (errno 97,
+  even on loopback). vLLM's single-process executor still asks for a free
+  port (vllm.utils.network_utils.get_open_port binds one: OSError 97), and
+  the TPU worker makes a world-size-1 gloo group (gloo resolves the host's
+  address: it cannot). Stands in: get_open_port returns a fixed port that
+  nothing binds, and a gloo process group of world size 1 is made with
+  torch's `fake` backend (a group of one exchanges nothing).
+- torch-2.13-torchax: torchax 0.0.13 (tpu-inference's pin) fails to import
+  under torch 2.13 (`aten.prod` has no overload `dim_Dimname`): its
+  decomposition table names overloads torch 2.13 dropped. Stands in: an
+  overload lookup that torch no longer has is skipped where torchax builds
+  that table, instead of failing the import.
+- torchvision-no-ops: the host's torchvision (0.28, PyPI's CUDA build) cannot
+  load its C++ ops next to the CPU torch, and its import then fails where it
+  registers their meta kernels (`RuntimeError: operator torchvision::nms
+  does not exist`); transformers' image processors (Gemma4Processor, which
+  tpu-inference's gemma4_mm imports) need it importable. Stands in: that
+  registration module (torchvision._meta_registrations) is an empty one:
+  torchvision imports, without its C++ ops (calling one raises).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+NAMES = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
+ASKED = [n for n in os.environ.get("MRL_HOST_STAND_INS", "").split(",") if n]
+#: The port get_open_port answers without binding (no inet socket can be made here).
+FIXED_PORT = int(os.environ.get("MRL_HOST_STAND_IN_PORT", "29511"))
+ACTIVE: dict[str, str] = {}
+
+
+class _Empty(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Named modules found as empty ones, never executed."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.machinery.ModuleSpec(name, self) if name in self.names else None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        pass
+
+
+_empty = _Empty()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a function on a module right after it is executed."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, Callable[[Any], None]] = {}
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        hook = self.hooks.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None:
+                loader = spec.loader
+                execute = loader.exec_module
+
+                def exec_module(module: Any, execute: Any = execute, hook: Any = hook) -> None:
+                    execute(module)
+                    hook(module)
+
+                loader.exec_module = exec_module  # type: ignore[method-assign]
+                return spec
+        return None
+
+
+_hooks = _AfterImport()
+
+
+def _activate(name: str, what: str) -> None:
+    ACTIVE[name] = what
+    os.environ["MRL_HOST_STAND_INS_ACTIVE"] = "; ".join(f"{n}: {w}" for n, w in ACTIVE.items())
+
+
+def _network_utils(module: Any) -> None:
+    module.get_open_port = lambda: FIXED_PORT
+
+
+def _distributed(module: Any) -> None:
+    init, new_group = module.init_process_group, module.new_group
+
+    def fake_if_alone(kwargs: dict[str, Any]) -> dict[str, Any]:
+        if str(kwargs.get("backend") or "").lower() == "gloo" and kwargs.get("world_size", 1) == 1:
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+
+            kwargs = dict(kwargs, backend="fake")
+            kwargs.pop("init_method", None)
+            kwargs.setdefault("store", FakeStore())
+            kwargs.setdefault("rank", 0)
+        return kwargs
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        return init(*args, **fake_if_alone(kwargs))
+
+    def new_group_(*args: Any, **kwargs: Any) -> Any:
+        if str(kwargs.get("backend") or "").lower() == "gloo" and module.get_world_size() == 1:
+            kwargs = dict(kwargs, backend="fake")
+        return new_group(*args, **kwargs)
+
+    for where in (module, sys.modules.get("torch.distributed")):
+        if where is not None:
+            where.init_process_group, where.new_group = init_process_group, new_group_
+
+
+def _torch_distributed(module: Any) -> None:
+    _distributed(sys.modules["torch.distributed.distributed_c10d"])
+
+
+def _torchax_overloads() -> None:
+    """torch 2.13's OpOverloadPacket raises AttributeError for an overload it
+    dropped; torchax 0.0.13 reads 22 such while it imports. Read them as absent."""
+    import torch
+
+    packet = type(torch.ops.aten.prod)
+    getattr_ = packet.__getattr__
+
+    def lenient(self: Any, key: str) -> Any:
+        try:
+            return getattr_(self, key)
+        except AttributeError:
+            if key.startswith("__") or not sys._getframe(1).f_globals.get("__name__", "").startswith("torchax"):
+                raise
+            return _Absent(f"{self}.{key}")
+
+    packet.__getattr__ = lenient
+
+
+class _Absent:
+    """An overload torch no longer has: registering it does nothing."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Absent) and other.name == self.name
+
+    def __repr__(self) -> str:
+        return f"<absent overload {self.name}>"
+
+
+def _install() -> None:
+    unknown = [n for n in ASKED if n not in NAMES]
+    if unknown:
+        raise SystemExit(f"MRL_HOST_STAND_INS: unknown stand-in(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    if "no-inet-sockets" in ASKED:
+        _hooks.hooks["vllm.utils.network_utils"] = _network_utils
+        _hooks.hooks["torch.distributed"] = _torch_distributed
+        _activate("no-inet-sockets", f"vLLM's get_open_port answers {FIXED_PORT} unbound; a world-size-1 gloo group is torch's fake backend")
+    if "torch-2.13-torchax" in ASKED:
+        _hooks.hooks["torchax"] = lambda module: None
+        _hooks.hooks["torch"] = lambda module: _torchax_overloads()
+        _activate("torch-2.13-torchax", "aten overloads torch 2.13 dropped read as absent while torchax imports")
+    if "torchvision-no-ops" in ASKED:
+        _empty.names.add("torchvision._meta_registrations")
+        _activate("torchvision-no-ops", "torchvision imports without its C++ ops (its meta registrations skipped)")
+        sys.meta_path.insert(0, _empty)
+    if _hooks.hooks:
+        sys.meta_path.insert(0, _hooks)
+
+
+_install()

@@ -1,0 +1,193 @@
+"""The TPU cell (docs/tpu-cell.md) without a chip: the host's index read,
+the host side (the bundle's cell.py) installing offline with Python 3.11
+next to a stand-in JAX and writing its report, the report accumulating
+across calls, verify's host deviations, smoke's line for a host that
+refuses inet sockets, and the stand-ins active only where named. The chip's
+part is the `tpu` marker's."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from maxtext_rl_overlay import verify
+from maxtext_rl_overlay.smoke import run as smoke_run
+from maxtext_rl_overlay.tpucell import bundle, host, hostindex
+from unit.unit_support import installable_wheel
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HOST_PY = ROOT / "overlay" / "maxtext_rl_overlay" / "tpucell" / "host.py"
+STAND_INS = ROOT / bundle.STAND_INS
+
+
+def python311() -> str | None:
+    """A Python 3.11 as scripts/lib.sh finds a 3.12: MRL_PYTHON311, python3.11 on PATH, pyenv's."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    for c in [os.environ.get("MRL_PYTHON311", ""), shutil.which("python3.11") or "",
+              *sorted(glob.glob(f"{root}/versions/3.11*/bin/python3"), reverse=True)]:
+        if c and os.access(c, os.X_OK) and subprocess.run([c, "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 11))"]).returncode == 0:
+            return c
+    return None
+
+
+PY311 = python311()
+needs_311 = pytest.mark.skipif(PY311 is None, reason="no Python 3.11 here (MRL_PYTHON311, python3.11 or pyenv's): would have checked that "
+                               "the bundle's cell.py installs offline next to a stand-in JAX with the host's Python and writes its report")
+
+
+def simple_index(root: pathlib.Path, wheels: list[pathlib.Path]) -> pathlib.Path:
+    """A PEP 503 index over `wheels`, as the host's is laid out (simple/, files/)."""
+    (root / "files").mkdir(parents=True)
+    for wheel in wheels:
+        shutil.copy2(wheel, root / "files" / wheel.name)
+        page = root / "simple" / wheel.name.split("-")[0].replace("_", "-") / "index.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        with page.open("a") as out:
+            out.write(f'<a href="../../files/{wheel.name}">{wheel.name}</a>\n')
+    (root / "simple" / "index.html").write_text("<html></html>\n")
+    return root / "simple"
+
+
+def test_the_hosts_index_is_read_for_the_hosts_python_and_platform(tmp_path):
+    made = tmp_path / "made"
+    made.mkdir()
+    wheels = [installable_wheel(made, "jax", "0.10.2"), installable_wheel(made, "pybase64", "1.4.0")]
+    native = made / "libtpu-0.0.42.1-cp311-cp311-manylinux_2_31_x86_64.whl"
+    shutil.copy2(wheels[0], native)
+    other = made / "libtpu-0.0.44-cp312-cp312-manylinux_2_31_x86_64.whl"
+    shutil.copy2(wheels[0], other)
+    index = hostindex.read([str(simple_index(tmp_path / "pypi", [*wheels, native, other]))])
+    tags = hostindex.host_tags("3.11", "x86_64-manylinux_2_31")
+    assert [str(v) for v in index.versions("libtpu", tags)] == ["0.0.42.1"], "a cp312 wheel is not the host's"
+    assert index.provides("pybase64", "1.4.0", tags) and not index.provides("pybase64", "1.4.1", tags)
+    assert bundle._one_version(index, "jax", tags) == "0.10.2"
+    with pytest.raises(Exception, match="no such folder"):
+        hostindex.read([str(tmp_path / "absent")])
+    with pytest.raises(Exception, match="expected a version"):
+        hostindex.host_tags("three", "x86_64-manylinux_2_31")
+
+
+def make_bundle(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+    """A small bundle by hand, laid out as `tpu-cell bundle` lays it out; a
+    host index (a folder) holding part of its closure; a stand-in JAX."""
+    made = tmp_path / "made"
+    made.mkdir()
+    on_host = [installable_wheel(made, "regex", "2024.1.1")]
+    index = simple_index(tmp_path / "pypi", on_host)
+    b = tmp_path / "build" / "tpu-cell" / "bundle"
+    (b / "wheels").mkdir(parents=True)
+    carried = [installable_wheel(b / "wheels", "pybase64", "1.4.0"), installable_wheel(b / "wheels", "torchvision", "0.28.0")]
+    (b / "wheels" / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n" for w in carried))
+    (b / "requirements.txt").write_text("jax==0.10.2\npybase64==1.4.0\nregex==2024.1.1\ntorchvision==0.28.0\n")
+    (b / "release-closure.txt").write_text("jax==0.11.0\npybase64==1.4.0\nregex==2024.1.1\ntorchvision==0.26.0\nnvidia-nccl==2\n")
+    shutil.copy2(HOST_PY, b / "cell.py")
+    shutil.copytree(STAND_INS, b / "stand-ins")
+    (b / "run.sh").write_text(bundle.RUN_SH)
+    (b / bundle.MARKER).write_text(json.dumps({
+        "release": "maxtext-rl-overlay==0.1.0", "host_python": "3.11", "host_jax": "0.10.2", "host_index": [str(index)],
+        "release_python": "3.12", "carried": {w.name: "the host's index lacks it" for w in carried}, "upstream_tests": []}))
+    jax_dir = tmp_path / "hostjax"
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", str(installable_wheel(made, "jax", "0.10.2")), str(jax_dir)], check=True)
+    return b, jax_dir, tmp_path / "report"
+
+
+@needs_311
+def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumulates(tmp_path):
+    b, jax_dir, report = make_bundle(tmp_path)
+    assert PY311 is not None
+    env = dict(os.environ, PYTHONPATH=str(jax_dir), PYTHON=PY311, PIP_NO_INDEX="", PIP_CONFIG_FILE=os.devnull)
+
+    def cell(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(b / "run.sh"), "--report", str(report), *args], env=env, capture_output=True, text=True, timeout=300)
+
+    done = cell("--steps", "install", "--host-stand-ins", "torchvision-no-ops")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads((report / "cell.json").read_text())
+    site = tmp_path / "build" / "tpu-cell" / "site"
+    assert (site / "pybase64").is_dir() and (site / "regex").is_dir(), "one from the bundle, one from the host's index"
+    assert not (site / "jax").exists(), "the host's own JAX is kept, not installed again"
+    assert doc["host"]["python"].startswith("3.11.") and doc["host"]["jax"] == "0.10.2"
+    assert doc["steps"]["install"]["rc"] == 0 and doc["steps"]["install"]["stand_ins"] == ["torchvision-no-ops"]
+    deviations = doc["deviations"]
+    assert deviations[0].startswith("Python 3.11") and "jax 0.10.2 (the release's: 0.11.0)" in deviations
+    assert "torchvision 0.28.0 (the release's: 0.26.0)" in deviations and "not installed (1): nvidia-nccl" in deviations, deviations
+    md = (report / "cell.md").read_text()
+    assert "| install |" in md and "torchvision-no-ops" in md and "jax 0.10.2 (the release's: 0.11.0)" in md
+    # A second call (a later chip call): install is skipped, the report keeps the first call's steps.
+    again = cell("--steps", "install", "--host-stand-ins", "torchvision-no-ops")
+    assert again.returncode == 0 and "already installed" in json.loads((report / "cell.json").read_text())["steps"]["install"]["summary"]
+    # A bundle made for another JAX is refused, saying how to make the right one.
+    env["PYTHONPATH"] = ""
+    refused = cell("--steps", "install")
+    assert refused.returncode != 0 and "make it again with --host-jax not installed" in refused.stderr
+
+
+def test_an_unknown_step_or_stand_in_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit):
+        host.main(["--bundle", str(tmp_path), "--report", str(tmp_path / "r"), "--steps", "verify,chip"])
+    with pytest.raises(SystemExit):
+        host.main(["--bundle", str(tmp_path), "--report", str(tmp_path / "r"), "--host-stand-ins", "no-sockets"])
+
+
+def test_verify_names_every_deviation_and_accepts_only_torchs_version(tmp_path, monkeypatch):
+    closure = tmp_path / "release-closure.txt"
+    closure.write_text("# The release's closure (maxtext-rl-overlay==0.1.0, Python 3.9 on x86_64-manylinux_2_31).\n"
+                       "packaging==0.0.1\nnot-a-real-distribution==1.0\n")
+    lines = verify.host_deviations(closure)
+    assert lines[0] == f"Python {'.'.join(map(str, sys.version_info[:3]))} (the release's: 3.9)"
+    assert any(line.startswith("packaging ") and line.endswith("(the release's: 0.0.1)") for line in lines)
+    assert lines[-1] == "not installed (1): not-a-real-distribution"
+    torch = verify.Finding("torch", "version", "2.11.0", "2.13.0+cpu", False)
+    ours = verify.Finding("vllm", "version", "0.25.0+mrl.3", "0.25.0", False)
+    accepted = verify.accept_deviations([torch, ours], ["torch 2.13.0+cpu (the release's: 2.11.0)"])
+    assert accepted[0].ok and verify.DEVIATION in accepted[0].found and not accepted[1].ok
+    assert not verify.accept_deviations([torch], [])[0].ok, "without the option, today's verdict"
+
+
+def test_smoke_on_a_host_that_refuses_inet_sockets_says_so_and_names_the_stand_in(monkeypatch):
+    def refused(*args, **kwargs):
+        raise OSError(97, "Address family not supported by protocol")
+
+    monkeypatch.setattr(socket, "socket", refused)
+    monkeypatch.delenv("MRL_HOST_STAND_INS_ACTIVE", raising=False)
+    with pytest.raises(smoke_run.CannotRun, match="this host refuses inet sockets.*'no-inet-sockets'") as caught:
+        smoke_run._check_inet_sockets()
+    assert caught.value.status == 3
+    monkeypatch.setenv("MRL_HOST_STAND_INS_ACTIVE", "no-inet-sockets: vLLM's get_open_port answers 29511 unbound")
+    smoke_run._check_inet_sockets()
+    assert smoke_run.host_stand_ins() == ["no-inet-sockets: vLLM's get_open_port answers 29511 unbound"]
+
+
+def test_the_stand_ins_are_active_only_where_named(tmp_path):
+    program = "import os, socket; print(os.environ.get('MRL_HOST_STAND_INS_ACTIVE', ''))"
+    env = dict(os.environ, PYTHONPATH=str(STAND_INS))
+    for asked, says in (("", ""), ("no-inet-sockets", "no-inet-sockets: "), ("torchvision-no-ops", "torchvision-no-ops: ")):
+        done = subprocess.run([sys.executable, "-c", program], env=env | {"MRL_HOST_STAND_INS": asked}, capture_output=True, text=True)
+        assert done.stdout.startswith(says) and (asked or done.stdout.strip() == ""), done
+    wrong = subprocess.run([sys.executable, "-c", "pass"], env=env | {"MRL_HOST_STAND_INS": "sockets"}, capture_output=True, text=True)
+    assert wrong.returncode != 0 and "unknown stand-in(s) sockets" in wrong.stderr
+
+
+@pytest.mark.tpu
+def test_the_cell_on_a_chip():
+    """On a TPU cell host only (run.sh's steps there: verify, smoke,
+    tests/fixes on one chip with the real kernels, upstream's sampler and
+    RPA kernel tests, the benchmarks)."""
+    import importlib.util
+
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("needs a TPU cell host: would have run the bundle's steps (verify --host-deviations, smoke, tests/fixes on one chip "
+                    "with the real kernels, upstream's sampler and ragged-paged-attention tests, the benchmarks) and checked the report")
+    import jax
+
+    if jax.default_backend() != "tpu":
+        pytest.skip("needs a TPU: would have run the TPU cell's steps on the chip and checked cell.json")
