@@ -29,9 +29,14 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
-STEPS = ("install", "verify", "smoke", "fixes", "upstream", "bench")
+STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "upstream", "bench", "bench-decode")
 #: Each step's own bound, seconds (--timeout overrides them all).
-TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "upstream": 540, "bench": 540}
+TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "fixes-engines": 570, "upstream": 540, "bench": 540,
+            "bench-decode": 540}
+#: The part of tests/fixes whose tests start engines in processes of their
+#: own on the chips: its pytest process stays off them (one process at a
+#: time can hold a chip), the rest of the tpu_cell tests hold them in-process.
+ENGINE_TESTS = "tests/fixes/test_smoke.py"
 #: The host stand-ins the bundle carries (stand-ins/sitecustomize.py holds each).
 STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
 #: The variable that names the active stand-ins for sitecustomize.py.
@@ -87,6 +92,7 @@ class Cell:
         (self.report_dir / "steps").mkdir(exist_ok=True)
         path = self.report_dir / "cell.json"
         self.report: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"steps": {}}
+        self.repeat_index = 1
 
     # -- the environment of every step -------------------------------------
 
@@ -230,7 +236,7 @@ class Cell:
         if name == "verify":
             return self.run(name, [*tool, "verify", "--host-deviations", str(self.bundle / "release-closure.txt"), *passthrough])
         if name == "smoke":
-            json_file = self.report_dir / "steps" / "smoke.json"
+            json_file = self.report_dir / "steps" / f"{self.label(name)}.json"
             result = self.run(name, [*tool, "smoke", "--json", str(json_file), *passthrough])
             if json_file.is_file():
                 doc = json.loads(json_file.read_text())
@@ -238,14 +244,34 @@ class Cell:
                 result["cannot_run"] = doc.get("cannot_run")
             return result
         tests = {"PYTHONPATH": self.env()["PYTHONPATH"] + os.pathsep + str(self.bundle / "tests")}
+        # tests/fixes' TPU cell mode: the tests marked tpu_cell, on this host's chips, however many
+        # (tests/support/fixes/matrix.py), the kernels compiled for them (no interpret mode).
+        cell = tests | {"MRL_PLATFORM": "tpu", "MRL_TPU_CHIPS": str(self.chips())}
         if name == "fixes":
-            # One chip, the kernels compiled for it (no interpret mode).
-            return self.pytest(name, ["tests/fixes"], tests | {"MRL_PLATFORM": "tpu", "MRL_QUICK": "1"}, *passthrough)
+            return self.pytest(name, ["tests/fixes"], cell | {"MRL_QUICK": "1"}, "-m", "tpu_cell", "--ignore", ENGINE_TESTS, *passthrough)
+        if name == "fixes-engines":
+            # The whole of it (MRL_QUICK=0: the breaks smoke must see); jax in this process on the CPU,
+            # the engines the tests start on the chips.
+            return self.pytest(name, [ENGINE_TESTS], cell | {"MRL_QUICK": "0", "JAX_PLATFORMS": "cpu"}, "-m", "tpu_cell", *passthrough)
         if name == "upstream":
             return self.pytest(name, [f"upstream/{p}" for p in self.facts["upstream_tests"]], {}, "--rootdir", "upstream", *passthrough)
         if name == "bench":
-            return self.run(name, [self.python, "tests/bench/bench_logprobs.py", *passthrough], env=self.env() | tests)
+            return self.run(name, [self.python, "tests/bench/bench_logprobs.py", "--platform", "tpu", *passthrough], env=self.env() | tests)
+        if name == "bench-decode":
+            json_file = self.report_dir / "steps" / f"{self.label(name)}.json"
+            return self.run(name, [self.python, "tests/bench/bench_decode.py", "--json", str(json_file), *passthrough], env=self.env() | tests)
         raise SystemExit(f"tpu-cell: unknown step {name}")
+
+    def chips(self) -> int:
+        """The host's chips, as its facts counted them (in a process of their own)."""
+        devices = self.report.get("host", {}).get("devices") or {}
+        if devices.get("backend") != "tpu" or not devices.get("count"):
+            raise SystemExit(f"tpu-cell: no TPU chips on this host ({devices}): tests/fixes' TPU cell mode needs them")
+        return int(devices["count"])
+
+    def label(self, name: str) -> str:
+        """The name a step's result is kept under: a repeat of it in this call is `NAME#K`."""
+        return name if self.repeat_index == 1 else f"{name}#{self.repeat_index}"
 
     # -- the report ------------------------------------------------------------
 
@@ -301,10 +327,8 @@ def render(report: dict[str, Any]) -> str:
              "", "## Deviations from the release's closure", ""]
     lines += [f"- {d}" for d in report.get("deviations", [])] or ["- (not read yet: run a step after install)"]
     lines += ["", "## Steps", "", "| step | when | rc | seconds | tests | host stand-ins | summary |", "|---|---|---|---|---|---|---|"]
-    for name in STEPS:
-        s = report.get("steps", {}).get(name)
-        if s is None:
-            continue
+    ordered = sorted(report.get("steps", {}).items(), key=lambda item: (STEPS.index(item[0].split("#")[0]), item[1].get("when", "")))
+    for name, s in ordered:
         t = s.get("tests")
         tests = f"{t['passed']} passed, {t['failures']} failed, {t['errors']} errors, {t['skipped']} skipped" if t else "-"
         summary = s.get("summary") or ("TIMED OUT" if s.get("timed_out") else (s.get("cannot_run") or "; ".join(s.get("failed") or [])
@@ -323,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-stand-ins", default="", metavar="NAME,...", help=f"the stand-ins to activate, by name: {', '.join(STAND_INS)}")
     parser.add_argument("--target", type=pathlib.Path, metavar="DIR", help="where the bundle installs (default: BUNDLE/../site)")
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="each step's bound (default: its own, under 10 minutes)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the steps N times in a row (smoke's consecutive runs): each result kept as STEP#K, K > 1")
     parser.add_argument("passthrough", nargs="*", help="after --: more arguments for the (single) step named")
     args = parser.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
@@ -338,19 +364,21 @@ def main(argv: list[str] | None = None) -> int:
     cell.report.update(release=cell.facts["release"], bundle_python=cell.facts["host_python"], bundle_jax=cell.facts["host_jax"])
     cell.report["host"] = cell.host_facts(devices=any(s != "install" for s in steps))
     worst = 0
-    for name in steps:
-        result = cell.step(name, args.passthrough)
-        result["when"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        result["stand_ins"] = stand_ins
-        cell.report["steps"][name] = result
-        if (cell.target / INSTALLED).is_file():
-            cell.report["deviations"] = cell.deviations()
-        cell.write()
-        print(f"[tpu-cell] {name}: rc {result['rc']}, {result['seconds']} s: {result.get('summary') or (result.get('tail') or [''])[-1]}",
-              flush=True)
-        worst = max(worst, result["rc"] if isinstance(result["rc"], int) and result["rc"] > 0 else 0)
-        if name == "install" and result["rc"] != 0:
-            break
+    for cell.repeat_index in range(1, max(args.repeat, 1) + 1):
+        for name in steps:
+            result = cell.step(name, args.passthrough)
+            result["when"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            result["stand_ins"] = stand_ins
+            label = cell.label(name)
+            cell.report["steps"][label] = result
+            if (cell.target / INSTALLED).is_file():
+                cell.report["deviations"] = cell.deviations()
+            cell.write()
+            print(f"[tpu-cell] {label}: rc {result['rc']}, {result['seconds']} s: {result.get('summary') or (result.get('tail') or [''])[-1]}",
+                  flush=True)
+            worst = max(worst, result["rc"] if isinstance(result["rc"], int) and result["rc"] > 0 else 0)
+            if name == "install" and result["rc"] != 0:
+                return worst
     print(f"[tpu-cell] report: {cell.report_dir / 'cell.md'}")
     return worst
 
