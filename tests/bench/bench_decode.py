@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="one engine process's bound, seconds")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here")
     parser.add_argument("--keep", type=pathlib.Path, help="work in this folder and keep it (logs, the upstream copy)")
+    parser.add_argument("--upstream", type=pathlib.Path, metavar="DIR",
+                        help="a folder holding the pin's tpu_inference, made where git is (this host may lack it)")
     args = parser.parse_args(argv)
     if args.child:
         return child(pathlib.Path(args.child[0]), pathlib.Path(args.child[1]))
@@ -247,7 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         config = write_checkpoint(work / "llama", args.model)
         shadow = None
         reversed_: list[str] = []
-        if "upstream" in engines:
+        if "upstream" in engines and args.upstream is not None:
+            shadow = args.upstream
+            if not (shadow / "tpu_inference" / "__init__.py").is_file():
+                raise SystemExit(f"bench-decode: --upstream {shadow} holds no tpu_inference package")
+            say(f"upstream: {shadow / 'tpu_inference'}: the pin's tpu_inference given with --upstream (made elsewhere by "
+                "support.fixes.unpatched.unpatched_package)")
+        elif "upstream" in engines:
             from support.fixes.unpatched import unpatched_package
 
             spec = importlib.util.find_spec("tpu_inference")
