@@ -49,6 +49,11 @@ _CELL_KEYS = {"name", "python", "install", "env", "runs"}
 #: The plugin that bounds each test of tests/fixes (a hang fails with its stack),
 #: pinned like the tool's own test extra.
 TIMEOUT_PLUGIN = "pytest-timeout==2.4.0"
+#: The property tests' library (tests/fixes/tpu-inference/test_0006_against_the_pin.py),
+#: pinned like the tool's test extra (whose mypy reads the tests with it); the
+#: closure holds the same pin (tpu-inference's requirements), so the constraints
+#: file agrees.
+HYPOTHESIS = "hypothesis==6.151.9"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,8 +252,9 @@ def install_commands(command: list[str], constraints: pathlib.Path, venv_python:
     if needs and "--override" not in cmd:
         raise OverlayError(f"this index's torch is a stand-in: the README must show the MaxText command with --override {STANDIN_OVERRIDES} "
                            f"(a <!-- ...{STANDIN_SUFFIX} --> block), as a user of this index needs it.")
-    # pytest-timeout: the suite's bounds (pyproject's `timeout`, the tests' own marks) hold in the cells too.
-    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest", TIMEOUT_PLUGIN]]
+    # pytest-timeout: the suite's bounds (pyproject's `timeout`, the tests' own marks) hold in the cells too;
+    # hypothesis: the property tests'.
+    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest", HYPOTHESIS, TIMEOUT_PLUGIN]]
 
 
 def _python(version: str) -> str:

@@ -173,16 +173,22 @@ def test_the_readme_shows_the_stand_in_form_the_committed_constraints_need(tmp_p
 
 def test_the_cells_bound_their_tests_with_the_tool_suites_plugin():
     """The matrix's cells install the pytest-timeout the tool's test extra
-    pins, and pyproject bounds every test (a hang fails with its stack)."""
+    pins, and pyproject bounds every test (a hang fails with its stack); and
+    the property tests' hypothesis at the test extra's pin, which the
+    constraints file (the closure: tpu-inference pins it) must hold too, or
+    the cells' install fails."""
     import tomllib
 
     from maxtext_rl_overlay import testmatrix
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert testmatrix.TIMEOUT_PLUGIN in pyproject["project"]["optional-dependencies"]["test"]
+    for plugin_pin in (testmatrix.TIMEOUT_PLUGIN, testmatrix.HYPOTHESIS):
+        assert plugin_pin in pyproject["project"]["optional-dependencies"]["test"]
     (_, plugin) = testmatrix.install_commands(["uv", "pip", "install", "-c", "constraints.txt", "maxtext-rl-overlay"], ROOT / "c.txt", "PY")
-    assert plugin[-2:] == ["pytest", testmatrix.TIMEOUT_PLUGIN]
+    assert plugin[-3:] == ["pytest", testmatrix.HYPOTHESIS, testmatrix.TIMEOUT_PLUGIN]
     assert isinstance(pyproject["tool"]["pytest"]["ini_options"]["timeout"], int)
+    constraints = (ROOT / "constraints.txt").read_text()
+    assert re.search(rf"(?m)^{re.escape(testmatrix.HYPOTHESIS)} \\\n\s+--hash=sha256:", constraints), "constraints.txt pins another hypothesis"
 
 
 def test_the_tpu_vm_install_can_be_copied_and_pasted():
