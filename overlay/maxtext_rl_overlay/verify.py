@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import enum
 import importlib.metadata as md
 import json
 import pathlib
@@ -30,7 +31,7 @@ import sys
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest, proc, tables
+from . import manifest, probes, proc, tables
 from .digest import sha256_file
 from .errors import OverlayError, TimedOut
 from .manifest import Manifest
@@ -42,13 +43,94 @@ IMPORT_TIMEOUT = 900
 RESOLVE_TIMEOUT = 120
 
 
+class Check(enum.StrEnum):
+    """What a finding checked; its subject (a file, a module, a path) is the finding's."""
+
+    VERSION = "version"  # the installed version is the overlay build's (torch: the closure's)
+    NAME = "name"  # the distribution's metadata names it
+    SOURCE = "source"  # built from the pinned tree, not a stand-in
+    FILE = "file"  # a patched file intact, on disk and in RECORD (subject: its path)
+    BUILT = "built"  # the release holds an overlay build of it
+    RESOLUTION = "resolution"  # the resolver could answer at all
+    RESOLVES_TO = "resolves to"  # a plain import of the subject module reaches the installed file
+    LEFTOVER = "leftover"  # the subject .pth / egg-link belongs to another install
+    IMPORT = "import"  # the subject module imports
+
+
+class Problem(enum.StrEnum):
+    """Why a finding differs (or, DEVIATION, why it was accepted): what
+    `explain` groups its sentences by, and what a report names."""
+
+    REPLACED = "replaced"  # another build of the same upstream took the overlay's place
+    OTHER_OVERLAY_BUILD = "other overlay build"  # an overlay build of another release
+    NOT_FROM_WHEEL = "not from the wheel"  # the file is intact but RECORD disagrees
+    STAND_IN = "stand-in"  # built from an unpinned tree
+    NOT_BUILT = "not built"  # the release was built without it (build --only)
+    NOT_ASKED = "not asked"  # the resolver or the importer gave no answer
+    SHADOWED = "shadowed"  # a plain import finds another file first
+    LEFTOVER = "leftover"  # a .pth / egg-link of another install
+    IMPORT_FAILED = "import failed"
+    DEVIATION = "host deviation"  # accepted as a named host deviation (--host-deviations)
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
+    """One check of one distribution, as data: what was checked (`check`,
+    `subject`), what was expected and found, whether it holds, why not
+    (`problem`, `detail`) and what to do (`remedy`). The table's text is
+    made from these by `what` and `shown`, and nowhere else."""
+
     distribution: str
-    what: str  # "version", a file path, "source", "import <module>", ...
+    check: Check
     expected: str
     found: str
     ok: bool
+    subject: str = ""
+    problem: Problem | None = None
+    detail: str = ""  # what the problem's words need besides: the origin, RECORD's digest, what a leftover adds
+    remedy: str = ""
+
+    @property
+    def what(self) -> str:
+        """The check column: "version", the file's path, "import MODULE", ..."""
+        match self.check:
+            case Check.FILE:
+                return self.subject
+            case Check.RESOLVES_TO:
+                return f"import {self.subject} resolves to"
+            case Check.IMPORT:
+                return f"import {self.subject}"
+            case Check.LEFTOVER:
+                return f"leftover {self.subject}"
+        return self.check.value
+
+    @property
+    def shown(self) -> str:
+        """The found column: the value found, with what is wrong with it."""
+        found, detail = self.found, self.detail
+        match self.problem:
+            case Problem.REPLACED:
+                return f"{found}: REPLACED by {detail}"
+            case Problem.OTHER_OVERLAY_BUILD:
+                return f"{found} (another overlay build: install the constraints this one came with)"
+            case Problem.NOT_FROM_WHEEL:
+                return f"{found[:12]} (RECORD says {detail}: not installed from the overlay wheel)"
+            case Problem.STAND_IN:
+                return f"UNPINNED stand-in tree {found}"
+            case Problem.NOT_BUILT:
+                return NOT_BUILT + (f"; installed: {found}, not an overlay build" if found != NOT_INSTALLED else "")
+            case Problem.NOT_ASKED:
+                return f"{detail}: {found}" if detail else found
+            case Problem.SHADOWED:
+                return f"{found} ({SHADOWED})"
+            case Problem.LEFTOVER:
+                return f"{LEFTOVER}: {found}"
+            case Problem.DEVIATION:
+                return f"{found} ({DEVIATION})"
+        return found
+
+#: What `_version` says of a distribution that is not installed.
+NOT_INSTALLED = "not installed"
 
 
 def _record_hash(dist: md.Distribution, relpath: str) -> str | None:
@@ -70,18 +152,25 @@ def _origin(dist: md.Distribution) -> str:
     return f"{vcs.get('vcs', '')}+{url}@{vcs.get('commit_id', '')}" if vcs else url
 
 
-def _replaced(want: str, found: str, dist: md.Distribution) -> str:
-    """The found version, explained when another build took our place."""
+def _version_finding(name: str, want: str, dist: md.Distribution, doc: Manifest) -> Finding:
+    """The installed version against the overlay build's; where another
+    build took our place, which one and what restores ours."""
+    found = dist.version
+    if found == want:
+        return Finding(name, Check.VERSION, want, found, True)
+    restore = f"restore the overlay: {restore_command(doc)}"
     try:
         ours, theirs = Version(want), Version(found)
     except InvalidVersion:
-        return found
+        return Finding(name, Check.VERSION, want, found, False, remedy=restore)
     if theirs.local and theirs.local.startswith("mrl."):
-        return f"{found} (another overlay build: install the constraints this one came with)"
+        return Finding(name, Check.VERSION, want, found, False, problem=Problem.OTHER_OVERLAY_BUILD,
+                       remedy="install with the constraints file this release came with")
     origin = _origin(dist)
     how = f" from {origin}" if origin else ""
     same = "the same upstream" if theirs.public == ours.public or origin else "an upstream"
-    return f"{found}: REPLACED by {same} build, not the overlay's{how}"
+    return Finding(name, Check.VERSION, want, found, False, problem=Problem.REPLACED, detail=f"{same} build, not the overlay's{how}",
+                   remedy=f"do not run MaxText's install_tpu_post_train_extra_deps; {restore}")
 
 
 def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: str = sys.executable,
@@ -94,17 +183,17 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
-            findings.append(Finding(name, "version", want.version, "not installed", False))
+            findings.append(Finding(name, Check.VERSION, want.version, NOT_INSTALLED, False, remedy=f"install the overlay: {restore_command(doc)}"))
             continue
         if canonicalize_name(dist.metadata["Name"]) != canonicalize_name(name):
-            findings.append(Finding(name, "name", name, dist.metadata["Name"], False))
-        same = dist.version == want.version
-        findings.append(Finding(name, "version", want.version, dist.version if same else _replaced(want.version, dist.version, dist), same))
+            findings.append(Finding(name, Check.NAME, name, dist.metadata["Name"], False, remedy=f"restore the overlay: {restore_command(doc)}"))
+        findings.append(_version_finding(name, want.version, dist, doc))
         pin = f"pin {want.pin.commit[:12]}"
         if want.from_pin:
-            findings.append(Finding(name, "source", pin, pin, True))
+            findings.append(Finding(name, Check.SOURCE, pin, pin, True))
         else:
-            findings.append(Finding(name, "source", pin, f"UNPINNED stand-in tree {want.source.tree[:12]}", not require_pinned))
+            findings.append(Finding(name, Check.SOURCE, pin, want.source.tree[:12], not require_pinned, problem=Problem.STAND_IN,
+                                    remedy="install a release built from the pinned sources (build without --unpinned)"))
         for relpath, sha in sorted(want.files.items()):
             path = dist.locate_file(relpath)
             try:
@@ -113,110 +202,21 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
                 found = "missing"
             recorded = _record_hash(dist, relpath)
             ok = found == sha and recorded == sha
+            reinstall = "" if ok else f"reinstall the overlay's wheel: {restore_command(doc)} --reinstall-package {name}"
             if found == sha and recorded != sha:
-                found = f"{found[:12]} (RECORD says {recorded[:12] if recorded else 'nothing'}: not installed from the overlay wheel)"
-            findings.append(Finding(name, relpath, sha, found, ok))
+                findings.append(Finding(name, Check.FILE, sha, found, ok, subject=relpath, problem=Problem.NOT_FROM_WHEEL,
+                                        detail=recorded[:12] if recorded else "nothing", remedy=reinstall))
+            else:
+                findings.append(Finding(name, Check.FILE, sha, found, ok, subject=relpath, remedy=reinstall))
     for name in sorted(doc.not_built):
         # The release was built without it (build --only): whatever is
         # installed under that name carries none of the overlay's fixes.
-        installed = _version(name)
-        found = NOT_BUILT + ("" if installed == "not installed" else f"; installed: {installed}, not an overlay build")
-        findings.append(Finding(name, "built", "an overlay build", found, False))
+        findings.append(Finding(name, Check.BUILT, "an overlay build", _version(name), False, problem=Problem.NOT_BUILT,
+                                remedy="install a release built with every distribution (scripts/build-wheels.sh without --only)"))
     findings += check_resolution(doc, python=python)
     if environment:
         findings += check_environment(doc, require_pinned=require_pinned)
     return findings
-
-
-# Run in a fresh interpreter of the environment verified (its site, its
-# PYTHONPATH, '' first as for `python -c`): for each module, the file the
-# overlay's distribution installed and the one a plain import resolves,
-# found through the import system's own finders without executing anything;
-# then every .pth and egg-link on the path that belongs to one of the
-# distributions (by its name or by what it adds) and is not a file of the
-# overlay's installed distribution. argv[1]: JSON {"modules": [[module, dist,
-# version, relpath]], "versions": {dist: version}, "packages": {dist: import
-# package}}. Only the overlay's own build (its version) counts as installed.
-_RESOLVER = r"""
-import importlib.metadata as md, json, os, re, site, sys, types
-asked = json.loads(sys.argv[1])
-
-def canon(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-def ours(dist, version):
-    for d in md.distributions(name=dist):
-        if d.version == version:
-            return d
-    return None
-
-def resolve(module):
-    spec, path = None, None
-    parts = module.split(".")
-    for i in range(len(parts)):
-        name = ".".join(parts[: i + 1])
-        loaded = sys.modules.get(name)
-        spec = getattr(loaded, "__spec__", None) if loaded is not None else None
-        if spec is None:
-            for finder in sys.meta_path:
-                find = getattr(finder, "find_spec", None)
-                spec = find(name, path) if find else None
-                if spec is not None:
-                    break
-        if spec is None:
-            return "not found"
-        path = spec.submodule_search_locations
-        if path is not None and name not in sys.modules:
-            # An inert stand-in for the package, never executed: the path
-            # finder reads a namespace package's parent from sys.modules.
-            placeholder = types.ModuleType(name)
-            placeholder.__path__, placeholder.__spec__ = path, spec
-            sys.modules[name] = placeholder
-    if spec.origin in (None, "namespace"):
-        return "a namespace package: " + ", ".join(spec.submodule_search_locations or ())
-    return os.path.realpath(spec.origin)
-
-out = {"modules": [], "leftovers": []}
-for module, dist, version, relpath in asked["modules"]:
-    d = ours(dist, version)
-    if d is not None:
-        out["modules"].append([module, os.path.realpath(str(d.locate_file(relpath))), resolve(module)])
-
-recorded = set()
-for dist, version in asked["versions"].items():
-    d = ours(dist, version)
-    for f in (d.files or ()) if d is not None else ():
-        recorded.add(os.path.realpath(str(d.locate_file(f))))
-folders = []
-for entry in [*site.getsitepackages(), site.getusersitepackages(), *sys.path]:
-    real = os.path.realpath(entry or ".")
-    if os.path.isdir(real) and real not in folders:
-        folders.append(real)
-packages = asked["packages"]
-for folder in folders:
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith((".pth", ".egg-link")):
-            continue
-        path = os.path.join(folder, name)
-        if path in recorded or not os.path.isfile(path):
-            continue
-        try:
-            lines = [l.strip() for l in open(path, encoding="utf-8", errors="replace")]
-        except OSError:
-            continue
-        stem = name[: -len(".egg-link")] if name.endswith(".egg-link") else name[: -len(".pth")]
-        stem = stem.removeprefix("__editable__.").split("-")[0]
-        for dist, package in packages.items():
-            by_name = canon(stem) == canon(dist)
-            adds = [l for l in lines if l and not l.startswith(("#", "import ", "import	"))
-                    and (os.path.isdir(os.path.join(folder, l, package)) or os.path.isfile(os.path.join(folder, l, package + ".py")))]
-            hooks = [l for l in lines if l.startswith(("import ", "import	")) and re.search(
-                r"(__editable___" + re.escape(dist.replace("-", "_")) + r"_|" + re.escape(package) + r")", l)]
-            if by_name or adds or hooks:
-                what = "adds " + os.path.realpath(os.path.join(folder, adds[0])) if adds else "runs " + hooks[0] if hooks else "names " + dist
-                out["leftovers"].append([dist, path, what])
-print(json.dumps(out))
-"""
 
 
 def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Finding]:
@@ -237,7 +237,8 @@ def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Fin
         "packages": {name: d.import_package for name, d in doc.distributions.items()},
     }
     try:
-        result = proc.run([python, "-c", _RESOLVER, json.dumps(asked)], check=False, timeout=RESOLVE_TIMEOUT,
+        # probes/resolver.py: standard library only, it imports none of the modules it locates.
+        result = proc.run(probes.command(python, "resolver", json.dumps(asked)), check=False, timeout=RESOLVE_TIMEOUT,
                           env={"PYTHONWARNINGS": "ignore"}, what="finding where each module resolves, in a fresh process")
     except TimedOut:  # it did not finish in time
         result = None
@@ -247,16 +248,21 @@ def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Fin
         found = None
     if result is None or not isinstance(found, dict):
         tail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1] if result else f"timed out after {RESOLVE_TIMEOUT} s"
-        return [Finding(name, "resolution", "a plain import finds the installed files", f"could not be asked: {tail}", False)
+        return [Finding(name, Check.RESOLUTION, "a plain import finds the installed files", tail, False, problem=Problem.NOT_ASKED,
+                        detail="could not be asked", remedy="run verify with -v: the interpreter's own error says why it could not answer")
                 for name in sorted(doc.distributions)]
     findings = []
     by_module = {m[0]: m[1] for m in modules}
     for module, installed, resolved in found["modules"]:
-        ok = resolved == installed
-        findings.append(Finding(by_module[module], f"import {module} resolves to", installed,
-                                resolved if ok else f"{resolved} ({SHADOWED})", ok))
+        if resolved == installed:
+            findings.append(Finding(by_module[module], Check.RESOLVES_TO, installed, resolved, True, subject=module))
+        else:
+            findings.append(Finding(by_module[module], Check.RESOLVES_TO, installed, resolved, False, subject=module, problem=Problem.SHADOWED,
+                                    remedy="remove the older copy that comes first on the path, or its entry (PYTHONPATH, the "
+                                           "current directory, a .pth line)"))
     for dist, path, what in found["leftovers"]:
-        findings.append(Finding(dist, f"leftover {path}", "no .pth / egg-link of another install", f"{LEFTOVER}: {what}", False))
+        findings.append(Finding(dist, Check.LEFTOVER, "no .pth / egg-link of another install", what, False, subject=path,
+                                problem=Problem.LEFTOVER, remedy=f"delete {path}"))
     return findings
 
 
@@ -276,13 +282,15 @@ def check_environment(doc: Manifest, *, require_pinned: bool = False) -> list[Fi
     torch = doc.environment.torch
     found = _version("torch")
     label = f"{torch.version} (STAND-IN for {torch.wanted}: PyPI's CUDA build)" if torch.standin else torch.version
-    findings = [Finding("torch", "version", label, found, found == torch.version and not (torch.standin and require_pinned))]
+    ok = found == torch.version and not (torch.standin and require_pinned)
+    findings = [Finding("torch", Check.VERSION, label, found, ok, remedy="" if ok else f"install the closure's torch: {restore_command(doc)}")]
     adapter = doc.environment.maxtext_vllm_adapter
     if adapter and _maxtext_installed():
         # With MaxText, its vLLM plugin must be there (vLLM's engine processes
         # find MaxTextForCausalLM through it), built from the same release.
         found = _version(adapter.name)
-        findings.append(Finding(adapter.name, "version", adapter.version, found, found == adapter.version))
+        ok = found == adapter.version
+        findings.append(Finding(adapter.name, Check.VERSION, adapter.version, found, ok, remedy="" if ok else f"restore the overlay: {restore_command(doc)}"))
     return findings
 
 
@@ -290,11 +298,11 @@ def _version(name: str) -> str:
     try:
         return md.version(name)
     except md.PackageNotFoundError:
-        return "not installed"
+        return NOT_INSTALLED
 
 
 def _maxtext_installed() -> bool:
-    return _version("maxtext") != "not installed"
+    return _version("maxtext") != NOT_INSTALLED
 
 
 def import_modules(doc: Manifest) -> dict[str, str]:
@@ -312,27 +320,15 @@ def import_modules(doc: Manifest) -> dict[str, str]:
     return modules
 
 
-# Run in a fresh interpreter: each import's outcome as one JSON line.
-_IMPORTER = """
-import importlib, json, sys, traceback
-for name in sys.argv[1:]:
-    try:
-        importlib.import_module(name)
-        print(json.dumps([name, ""]), flush=True)
-    except BaseException as exc:
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        print(json.dumps([name, f"{type(exc).__name__}: {exc} ({where.filename}:{where.lineno})"]), flush=True)
-"""
-
-
 def check_imports(doc: Manifest | None = None, *, python: str = sys.executable) -> list[Finding]:
     doc = doc if doc is not None else manifest.load_installed()
     modules = import_modules(doc)
     try:
-        result = proc.run([python, "-c", _IMPORTER, *modules], check=False, timeout=IMPORT_TIMEOUT, env={"PYTHONWARNINGS": "ignore"},
+        result = proc.run(probes.command(python, "importer", *modules), check=False, timeout=IMPORT_TIMEOUT, env={"PYTHONWARNINGS": "ignore"},
                           what="importing the stack in a fresh process")
     except TimedOut:  # it did not finish in time
-        return [Finding(d, f"import {m}", "imported", f"timed out after {IMPORT_TIMEOUT} s", False) for m, d in modules.items()]
+        return [Finding(d, Check.IMPORT, "imported", f"timed out after {IMPORT_TIMEOUT} s", False, subject=m, problem=Problem.NOT_ASKED,
+                        remedy="import it by hand (python -c 'import MODULE') to see where it hangs") for m, d in modules.items()]
     done: dict[str, str] = {}
     for line in result.stdout.splitlines():
         try:
@@ -344,9 +340,13 @@ def check_imports(doc: Manifest | None = None, *, python: str = sys.executable) 
     for module, dist in modules.items():
         if module not in done:
             tail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
-            findings.append(Finding(dist, f"import {module}", "imported", f"the interpreter died: {tail}", False))
+            findings.append(Finding(dist, Check.IMPORT, "imported", tail, False, subject=module, problem=Problem.NOT_ASKED,
+                                    detail="the interpreter died", remedy=f"import it by hand (python -c 'import {module}') to see why"))
+        elif done[module]:
+            findings.append(Finding(dist, Check.IMPORT, "imported", done[module], False, subject=module, problem=Problem.IMPORT_FAILED,
+                                    remedy="install what the error names as missing, or the closure again: " + restore_command(doc)))
         else:
-            findings.append(Finding(dist, f"import {module}", "imported", done[module] or "imported", not done[module]))
+            findings.append(Finding(dist, Check.IMPORT, "imported", "imported", True, subject=module))
     return findings
 
 
@@ -365,14 +365,14 @@ def render(findings: list[Finding]) -> str:
         return s[:12] if len(s) == 64 else s
 
     rows = [("distribution", "check", "expected", "found", "")]
-    rows += [(f.distribution, f.what, short(f.expected), short(f.found), "ok" if f.ok else "DIFFERS") for f in findings]
+    rows += [(f.distribution, f.what, short(f.expected), short(f.shown), "ok" if f.ok else "DIFFERS") for f in findings]
     return tables.render(rows)
 
 
 def explain(findings: list[Finding], doc: Manifest) -> list[str]:
     """What the user should know and do, in sentences, for what failed."""
     lines = []
-    replaced = [f for f in findings if f.what == "version" and "REPLACED" in f.found]
+    replaced = [f for f in findings if f.problem is Problem.REPLACED]
     if replaced:
         lines.append(
             f"{', '.join(f.distribution for f in replaced)} {'was' if len(replaced) == 1 else 'were'} replaced by builds "
@@ -380,33 +380,32 @@ def explain(findings: list[Finding], doc: Manifest) -> list[str]:
             "(it installs the upstreams from GitHub with --no-deps): the overlay replaces that step, so do not run it."
         )
         lines.append(f"Restore the overlay with (the constraints file you installed from): {restore_command(doc)}")
-    left_out = [f.distribution for f in findings if f.found.startswith(NOT_BUILT)]
+    left_out = [f.distribution for f in findings if f.problem is Problem.NOT_BUILT]
     if left_out:
         lines.append(
             f"This release was built without {', '.join(left_out)} (build --only): it is not the whole stack, and an install "
             "from it cannot have the overlay's fixes there. Install a release built with every distribution "
             "(scripts/build-wheels.sh without --only)."
         )
-    shadowed = [f for f in findings if SHADOWED in f.found]
+    shadowed = [f for f in findings if f.problem is Problem.SHADOWED]
     if shadowed:
         first = shadowed[0]
-        module = first.what.removeprefix("import ").removesuffix(" resolves to")
         lines.append(
-            f"A plain import does not reach the overlay's files: {', '.join(f.what.split()[1] for f in shadowed)} "
-            f"resolve{'s' if len(shadowed) == 1 else ''} elsewhere ({module}: {first.found.split(' (')[0]}, not {first.expected}). "
+            f"A plain import does not reach the overlay's files: {', '.join(f.subject for f in shadowed)} "
+            f"resolve{'s' if len(shadowed) == 1 else ''} elsewhere ({first.subject}: {first.found}, not {first.expected}). "
             "An older copy comes first on the path (a PYTHONPATH entry such as a base image's /deps/src, the current directory, "
             "or a .pth line): remove that copy or that entry."
         )
-    leftovers = [f for f in findings if f.found.startswith(LEFTOVER)]
+    leftovers = [f for f in findings if f.problem is Problem.LEFTOVER]
     if leftovers:
         lines.append(
             f"Another install of {', '.join(sorted({f.distribution for f in leftovers}))} left "
-            f"{', '.join(f.what.removeprefix('leftover ') for f in leftovers)} behind: delete "
+            f"{', '.join(f.subject for f in leftovers)} behind: delete "
             f"{'it' if len(leftovers) == 1 else 'them'} (an editable or egg-link install the overlay's install did not remove)."
         )
-    failed = [f for f in findings if f.what.startswith("import ") and not f.ok and not f.what.endswith(" resolves to")]
+    failed = [f for f in findings if f.check is Check.IMPORT and not f.ok]
     if failed:
-        lines.append(f"The stack does not import: {failed[0].what} failed with {failed[0].found}.")
+        lines.append(f"The stack does not import: {failed[0].what} failed with {failed[0].shown}.")
     return lines
 
 
@@ -442,7 +441,7 @@ def host_deviations(closure: pathlib.Path) -> list[str]:
     absent = []
     for name, version in sorted(pins.items()):
         found = _version(name)
-        if found == "not installed":
+        if found == NOT_INSTALLED:
             absent.append(name)
         elif found != version:
             lines.append(f"{name} {found} (the release's: {version})")
@@ -455,5 +454,5 @@ def accept_deviations(findings: list[Finding], deviations: list[str]) -> list[Fi
     """The closure's findings that only a named deviation fails (torch at
     the host's version) accepted, saying so; the overlay's own never are."""
     named = {line.split()[0] for line in deviations}
-    return [dataclasses.replace(f, found=f"{f.found} ({DEVIATION})", ok=True)
-            if not f.ok and f.what == "version" and f.distribution == "torch" and f.distribution in named else f for f in findings]
+    return [dataclasses.replace(f, problem=Problem.DEVIATION, ok=True, remedy="")
+            if not f.ok and f.check is Check.VERSION and f.distribution == "torch" and f.distribution in named else f for f in findings]

@@ -60,7 +60,7 @@ def test_verify_depends_on_the_format_alone():
         tree = ast.parse((package / f"{module}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module for a in n.names}
-        assert imported <= {"manifest", "proc", "errors", "digest", "tables"}, (module, imported)
+        assert imported <= {"manifest", "proc", "errors", "digest", "tables", "probes", "reports"}, (module, imported)
 
 
 def test_verify_fails_on_a_distribution_the_release_was_built_without():
@@ -72,6 +72,6 @@ def test_verify_fails_on_a_distribution_the_release_was_built_without():
     assert doc.not_built == ("vllm",)
     findings = verify.check(doc)
     (left_out,) = [f for f in findings if f.distribution == "vllm"]
-    assert not left_out.ok and left_out.what == "built" and left_out.found.startswith("NOT BUILT into this release")
+    assert not left_out.ok and left_out.what == "built" and left_out.shown.startswith("NOT BUILT into this release")
     assert any("built without vllm (build --only)" in line for line in verify.explain(findings, doc))
     assert "vllm" not in {f.distribution for f in verify.check(dataclasses.replace(doc, not_built=()))}

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import verify
+from maxtext_rl_overlay import probes, verify
 from maxtext_rl_overlay.smoke import run as smoke_run
 from maxtext_rl_overlay.tpucell import bundle, host, hostindex
 from unit.unit_support import installable_wheel
@@ -90,6 +90,7 @@ def make_bundle(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pat
     (b / "requirements.txt").write_text("jax==0.10.2\npybase64==1.4.0\nregex==2024.1.1\ntorchvision==0.28.0\n")
     (b / "release-closure.txt").write_text("jax==0.11.0\npybase64==1.4.0\nregex==2024.1.1\ntorchvision==0.26.0\nnvidia-nccl==2\n")
     shutil.copy2(HOST_PY, b / "cell.py")
+    shutil.copy2(probes.HERE / "host_facts.py", b / host.FACTS)
     shutil.copytree(STAND_INS, b / "stand-ins")
     (b / "run.sh").write_text(bundle.RUN_SH)
     (b / bundle.MARKER).write_text(json.dumps({
@@ -146,10 +147,11 @@ def test_verify_names_every_deviation_and_accepts_only_torchs_version(tmp_path, 
     assert lines[0] == f"Python {'.'.join(map(str, sys.version_info[:3]))} (the release's: 3.9)"
     assert any(line.startswith("packaging ") and line.endswith("(the release's: 0.0.1)") for line in lines)
     assert lines[-1] == "not installed (1): not-a-real-distribution"
-    torch = verify.Finding("torch", "version", "2.11.0", "2.13.0+cpu", False)
-    ours = verify.Finding("vllm", "version", "0.25.0+mrl.3", "0.25.0", False)
+    torch = verify.Finding("torch", verify.Check.VERSION, "2.11.0", "2.13.0+cpu", False)
+    ours = verify.Finding("vllm", verify.Check.VERSION, "0.25.0+mrl.3", "0.25.0", False)
     accepted = verify.accept_deviations([torch, ours], ["torch 2.13.0+cpu (the release's: 2.11.0)"])
-    assert accepted[0].ok and verify.DEVIATION in accepted[0].found and not accepted[1].ok
+    assert accepted[0].ok and accepted[0].problem is verify.Problem.DEVIATION and verify.DEVIATION in accepted[0].shown
+    assert not accepted[1].ok
     assert not verify.accept_deviations([torch], [])[0].ok, "without the option, today's verdict"
 
 

@@ -104,7 +104,8 @@ def test_an_older_copy_first_on_the_path_shadows_the_installed_module(installed,
     assert bad["import tunix.kernels.ops resolves to"].found.startswith("not found"), "the older tunix has no kernels/"
     utils = bad["import tunix.generate.utils resolves to"]
     assert utils.expected == str(site / PATCHED)
-    assert utils.found == f"{copy / PATCHED} ({verify.SHADOWED})"
+    assert utils.found == str(copy / PATCHED) and utils.problem is verify.Problem.SHADOWED and utils.subject == "tunix.generate.utils"
+    assert utils.shown == f"{copy / PATCHED} ({verify.SHADOWED})" and utils.remedy
     (line,) = verify.explain(findings, doc)
     assert "A plain import does not reach the overlay's files: tunix, tunix.generate.utils, tunix.kernels.ops resolve elsewhere" in line
     assert f"(tunix: {copy / 'tunix' / '__init__.py'}, not {site / 'tunix' / '__init__.py'})" in line
@@ -142,7 +143,8 @@ def test_a_leftover_pth_or_egg_link_of_another_install_is_named(installed, tmp_p
     bad = [f for f in findings if not f.ok]
     (finding,) = bad
     assert finding.distribution == "google-tunix" and finding.what == f"leftover {leftover}"
-    assert finding.found.startswith(verify.LEFTOVER)
+    assert finding.problem is verify.Problem.LEFTOVER and finding.subject == str(leftover) and finding.remedy == f"delete {leftover}"
+    assert finding.shown.startswith(verify.LEFTOVER)
     (line,) = verify.explain(findings, doc)
     assert f"Another install of google-tunix left {leftover} behind: delete it" in line
 
@@ -167,7 +169,7 @@ def test_an_interpreter_that_cannot_answer_is_a_failure_not_a_pass(installed, tm
     broken.write_text("#!/bin/sh\necho 'no python here' >&2\nexit 1\n")
     broken.chmod(0o755)
     (finding,) = verify.check_resolution(doc, python=str(broken))
-    assert not finding.ok and finding.what == "resolution" and finding.found == "could not be asked: no python here"
+    assert not finding.ok and finding.what == "resolution" and finding.shown == "could not be asked: no python here"
 
 
 def test_check_asks_it_too(installed):

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import proc, staging
+from .. import probes, proc, staging
 from ..errors import CheckFailed, ExitCode, OverlayError, TimedOut
 from ..progress import step
 from . import checks, configurations, maxtext_model, tiny_llama
@@ -236,27 +236,12 @@ def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path, maxtext: _Max
                           lambda rows: maxtext.logits(checks.SAMPLED_PROMPT, rows, opts.timeout))
 
 
-_PROBE = """
-import json, sys
-errors, backend = {}, None
-for name in sys.argv[2:]:
-    try:
-        __import__(name)
-    except BaseException as error:  # what a broken package raises is not ours to choose
-        errors[name] = f"{type(error).__name__}: {error}".strip().splitlines()[0][:300]
-if "jax" not in errors and sys.argv[1] == "1":
-    import jax
-    backend = jax.default_backend()
-print(json.dumps({"errors": errors, "backend": backend}))
-"""
-
-
 def _probe(python: str, ask_backend: bool) -> str | None:
     """Imports each of PROBED in a fresh process (jax picks its backend once,
     and a package that fails to import must be named, not mistaken for a
     missing TPU); returns jax's backend when asked. Raises BrokenStack for a
     package that fails to import, CannotRun where another process holds the TPU."""
-    done = proc.run([python, "-c", _PROBE, "1" if ask_backend else "0", *PROBED], check=False, timeout=300,
+    done = proc.run(probes.command(python, "backend", "1" if ask_backend else "0", *PROBED), check=False, timeout=300,
                     what="importing jax, torch and transformers in a fresh process")
     lines = done.stdout.strip().splitlines()
     try:

@@ -17,7 +17,7 @@ again on the host, as are its JAX and its index. The bundle holds:
   every wheel of requirements.txt the host's index lacks; SHA256SUMS;
 - tests/ (the checkout's), upstream/ (tpu-inference's sampler and
   ragged-paged-attention kernel tests at the pin), stand-ins/ (the host
-  stand-ins, active only where named), cell.py and run.sh.
+  stand-ins, active only where named), cell.py (with host_facts.py, its probe) and run.sh.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import buildcache, proc, sources
+from .. import buildcache, probes, proc, sources
 from ..digest import sha256_file
 from ..environment import TARGET_PLATFORM, TARGET_PYTHON
 from ..errors import OverlayError
 from ..pins import load_project
 from ..progress import step
 from ..staging import check_replaceable, scratch_dir, staged_dir
-from . import hostindex
+from . import host, hostindex
 
 #: The file that marks a folder as a bundle (and holds its facts).
 MARKER = "bundle.json"
@@ -242,6 +242,7 @@ def make(opts: BundleOptions) -> Bundle:
         _copy_upstream_tests(opts, staging)
         shutil.copytree(opts.project_root / STAND_INS, staging / "stand-ins", ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy2(pathlib.Path(__file__).with_name("host.py"), staging / "cell.py")
+        shutil.copy2(probes.HERE / "host_facts.py", staging / host.FACTS)
         (staging / "run.sh").write_text(RUN_SH)
         (staging / "run.sh").chmod(0o755)
         facts: dict[str, Any] = {

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "upstream", "bench", "bench-decode")
 #: Each step's own bound, seconds (--timeout overrides them all).
@@ -42,6 +42,39 @@ STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
 #: The variable that names the active stand-ins for sitecustomize.py.
 STAND_INS_VARIABLE = "MRL_HOST_STAND_INS"
 INSTALLED = ".mrl-tpu-cell-installed"
+#: cell.json's format (docs/reports.md); a report folder holding another is refused, not mixed.
+CELL_REPORT_VERSION = 1
+
+
+class CellStep(TypedDict):
+    """One step's result in cell.json; `tests` where it wrote JUnit XML,
+    `summary` where the step says more than its log's last line, `failed` and
+    `cannot_run` read from smoke's own report."""
+
+    rc: int | None
+    seconds: float
+    when: str
+    stand_ins: list[str]
+    timed_out: NotRequired[bool]
+    command: NotRequired[str]
+    tail: NotRequired[list[str]]
+    tests: NotRequired[dict[str, int]]
+    summary: NotRequired[str]
+    failed: NotRequired[list[str] | None]
+    cannot_run: NotRequired[str | None]
+
+
+class CellDocument(TypedDict):
+    """cell.json: the TPU cell's report, accumulated over calls (docs/reports.md)."""
+
+    report_version: int
+    kind: Literal["tpu-cell"]
+    release: str
+    bundle_python: str
+    bundle_jax: str
+    host: dict[str, Any]
+    deviations: list[str]
+    steps: dict[str, CellStep]
 
 
 def _normal(name: str) -> str:
@@ -58,24 +91,10 @@ def _pins(path: pathlib.Path) -> dict[str, str]:
     return pins
 
 
-# Run with the host's python and the step's PYTHONPATH: what is installed
-# where, and (argv[1] == "1") jax's devices.
-_FACTS = r"""
-import importlib.metadata as md, json, sys
-out = {"python": sys.version.split()[0], "distributions": {}}
-for d in md.distributions():
-    name = (d.metadata["Name"] or "").lower()
-    if name and name not in out["distributions"]:
-        out["distributions"][name] = [d.version, str(d.locate_file(""))]
-if sys.argv[1] == "1":
-    try:
-        import jax
-        devices = jax.devices()
-        out["devices"] = {"backend": jax.default_backend(), "count": len(devices), "kind": devices[0].device_kind}
-    except Exception as error:
-        out["devices"] = {"error": f"{type(error).__name__}: {error}"[:300]}
-print(json.dumps(out))
-"""
+#: The bundle's copy of the tool's probes/host_facts.py, beside this file
+#: (cell.py): run with the host's python and a step's PYTHONPATH, it says what
+#: is installed where and, asked, jax's devices.
+FACTS = "host_facts.py"
 
 
 class Cell:
@@ -90,8 +109,7 @@ class Cell:
         self.host_path = os.environ.get("PYTHONPATH", "")
         self.report_dir.mkdir(parents=True, exist_ok=True)
         (self.report_dir / "steps").mkdir(exist_ok=True)
-        path = self.report_dir / "cell.json"
-        self.report: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"steps": {}}
+        self.report = read_report(self.report_dir / "cell.json", self.facts)
         self.repeat_index = 1
 
     # -- the environment of every step -------------------------------------
@@ -107,7 +125,8 @@ class Cell:
     def host_facts(self, devices: bool) -> dict[str, Any]:
         """The host's Python, what its own PYTHONPATH holds (JAX), and its chips."""
         env = dict(os.environ, PYTHONPATH=self.host_path)
-        done = subprocess.run([self.python, "-c", _FACTS, "1" if devices else "0"], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([self.python, str(self.bundle / FACTS), "1" if devices else "0"], env=env, capture_output=True, text=True,
+                              timeout=300)
         try:
             found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         except (IndexError, ValueError):
@@ -279,7 +298,7 @@ class Cell:
         """What this host runs that differs from the release's closure."""
         release = _pins(self.bundle / "release-closure.txt")
         env = self.env()
-        done = subprocess.run([self.python, "-c", _FACTS, "0"], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([self.python, str(self.bundle / FACTS), "0"], env=env, capture_output=True, text=True, timeout=300)
         try:
             installed = {_normal(n): v for n, (v, _) in json.loads(done.stdout.strip().splitlines()[-1])["distributions"].items()}
         except (IndexError, ValueError):
@@ -298,8 +317,30 @@ class Cell:
         return lines
 
     def write(self) -> None:
+        """cell.json and cell.md: the one place either is written."""
         (self.report_dir / "cell.json").write_text(json.dumps(self.report, indent=1) + "\n")
         (self.report_dir / "cell.md").write_text(render(self.report))
+
+
+def read_report(path: pathlib.Path, facts: dict[str, Any]) -> CellDocument:
+    """The report an earlier call left in the folder, to add to; a new one
+    for this bundle where there is none. One of another format (an older
+    cell.py's) is refused: its steps would be misread."""
+    fresh: CellDocument = {"report_version": CELL_REPORT_VERSION, "kind": "tpu-cell", "release": facts["release"],
+                           "bundle_python": facts["host_python"], "bundle_jax": facts["host_jax"], "host": {}, "deviations": [], "steps": {}}
+    if not path.is_file():
+        return fresh
+    try:
+        found = json.loads(path.read_text())
+    except ValueError:
+        raise SystemExit(f"tpu-cell: {path} is not JSON: give --report another folder, or remove it.") from None
+    version = found.get("report_version") if isinstance(found, dict) else None
+    if not isinstance(found, dict) or found.get("kind") != "tpu-cell" or version != CELL_REPORT_VERSION:
+        raise SystemExit(f"tpu-cell: {path} is not a cell report of this format (report_version {version!r}, this cell.py's is "
+                         f"{CELL_REPORT_VERSION}): give --report another folder, or remove it.")
+    report: CellDocument = found  # type: ignore[assignment]
+    report["release"], report["bundle_python"], report["bundle_jax"] = fresh["release"], fresh["bundle_python"], fresh["bundle_jax"]
+    return report
 
 
 def junit_counts(path: pathlib.Path) -> dict[str, int]:
@@ -315,7 +356,7 @@ def junit_counts(path: pathlib.Path) -> dict[str, int]:
     return counts
 
 
-def render(report: dict[str, Any]) -> str:
+def render(report: CellDocument) -> str:
     host = report.get("host", {})
     devices = host.get("devices") or {}
     lines = ["# TPU cell", "", f"Release: {report.get('release', '?')}; bundle made for Python {report.get('bundle_python', '?')}, "
@@ -361,7 +402,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("arguments after -- go to one step: name only that one with --steps")
     args.host_stand_ins = stand_ins
     cell = Cell(args)
-    cell.report.update(release=cell.facts["release"], bundle_python=cell.facts["host_python"], bundle_jax=cell.facts["host_jax"])
     cell.report["host"] = cell.host_facts(devices=any(s != "install" for s in steps))
     worst = 0
     for cell.repeat_index in range(1, max(args.repeat, 1) + 1):
@@ -370,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             result["when"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             result["stand_ins"] = stand_ins
             label = cell.label(name)
-            cell.report["steps"][label] = result
+            cell.report["steps"][label] = cast(CellStep, result)
             if (cell.target / INSTALLED).is_file():
                 cell.report["deviations"] = cell.deviations()
             cell.write()

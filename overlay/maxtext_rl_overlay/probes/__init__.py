@@ -1,0 +1,26 @@
+"""The child programs the tool runs in another interpreter: the one of the
+environment checked (verify, smoke), or the TPU cell host's python3.
+
+Each is a module of its own, standard library only, so that it runs before
+the stack is known to import, and in an environment that may not hold this
+package at all (verify's tests ask a bare venv; the TPU cell's host runs its
+probe before anything is installed). They are started by their file's path,
+never with `-m` (which would need maxtext_rl_overlay importable there); each
+puts "" first on sys.path, as `python -c` does, so that a plain import in the
+child sees what the user's `python -c "import ..."` sees (the current
+directory first), not this folder."""
+
+from __future__ import annotations
+
+import pathlib
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def command(python: str, probe: str, *args: str) -> list[str]:
+    """The command line that runs the probe module `probe` (its name in this
+    package, such as "resolver") with `python`."""
+    path = HERE / f"{probe}.py"
+    if not path.is_file():
+        raise ValueError(f"no probe named {probe!r} in {HERE}")
+    return [python, str(path), *args]

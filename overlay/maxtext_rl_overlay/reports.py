@@ -1,0 +1,151 @@
+"""The reports of the commands that give a verdict, as typed, versioned JSON
+documents: `verify --json`, `smoke --json`, `test-matrix --json` and the TPU
+cell's cell.json. docs/reports.md documents each field and the versioning
+policy (tests/unit/test_reports.py holds the two together).
+
+Every document's first two keys are "report_version" (an int, one sequence
+per kind) and "kind". Each is written by one function of its stage
+(verify.write_json, smoke.run.write_json, testmatrix.write_json,
+tpucell/host.py's Cell.write) through `dumps`; `load_report` reads any of
+them back and refuses, in words, another kind or another version than this
+tool writes."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from typing import Any, Literal, TypedDict, get_args
+
+from .errors import OverlayError
+from .staging import FileOwner
+from .tpucell.host import CELL_REPORT_VERSION, CellDocument, CellStep
+
+Kind = Literal["verify", "smoke", "test-matrix", "tpu-cell"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+#: Each kind's current report_version: what this tool writes, and the only one it reads.
+VERSIONS: dict[Kind, int] = {"verify": 1, "smoke": 1, "test-matrix": 1, "tpu-cell": CELL_REPORT_VERSION}
+
+
+class FindingDocument(TypedDict):
+    """One of verify's findings (verify.Finding)."""
+
+    distribution: str
+    check: str
+    subject: str
+    expected: str
+    found: str
+    shown: str
+    ok: bool
+    problem: str | None
+    remedy: str
+
+
+class VerifyDocument(TypedDict):
+    report_version: int
+    kind: Literal["verify"]
+    ok: bool
+    verdict: str
+    findings: list[FindingDocument]
+    explanation: list[str]
+    deviations: list[str]
+    closure_checked: bool
+    imports_checked: bool
+
+
+class SmokeDocument(TypedDict):
+    report_version: int
+    kind: Literal["smoke"]
+    finished: bool
+    ok: bool
+    failed: list[str]
+    cannot_run: str | None
+    cpu_simulation: bool
+    notice: str | None
+    configurations: list[dict[str, Any]]
+    skipped: dict[str, str]
+
+
+class MatrixRunDocument(TypedDict):
+    """One run of a cell of the test matrix (testmatrix.CellResult)."""
+
+    cell: str
+    ok: bool
+    verify: str
+    passed: int
+    failed: int
+    errors: int
+    skipped: int
+    seconds: float
+    junit: str | None
+    stand_ins: dict[str, int]
+
+
+class MatrixDocument(TypedDict):
+    report_version: int
+    kind: Literal["test-matrix"]
+    ok: bool
+    platform: str
+    quick: bool
+    runs: list[MatrixRunDocument]
+
+
+#: The documents by kind, and the records they hold (docs/reports.md's tables).
+DOCUMENTS: dict[Kind, type] = {"verify": VerifyDocument, "smoke": SmokeDocument, "test-matrix": MatrixDocument, "tpu-cell": CellDocument}
+RECORDS: tuple[type, ...] = (FindingDocument, MatrixRunDocument, CellStep)
+
+
+def dumps(document: VerifyDocument | SmokeDocument | MatrixDocument | CellDocument) -> str:
+    """A document's text: its keys in their declared order (report_version and
+    kind first, which `owner` reads), one space of indent, a final newline."""
+    return json.dumps(document, indent=1) + "\n"
+
+
+#: What smoke's --json FILE held before report_version (still smoke's own to replace).
+_SMOKE_BEFORE_VERSIONS = b'{\n "written_by": "maxtext-rl-overlay smoke"'
+
+
+def owner(kind: Kind) -> FileOwner:
+    """How to tell a report of `kind` the tool wrote (of any version): a
+    --json FILE is replaced only where it is empty or one of these (a typo
+    must not cost a file)."""
+    head = re.compile(rb'\A\{\n "report_version": \d+,\n "kind": ' + re.escape(json.dumps(kind).encode()) + rb",")
+
+    def owns(text: bytes) -> bool:
+        return bool(head.match(text)) or (kind == "smoke" and text.startswith(_SMOKE_BEFORE_VERSIONS))
+
+    return FileOwner(f"a {kind} report", f'first keys "report_version" and "kind": "{kind}"', owns)
+
+
+def load_report(source: pathlib.Path | str, kind: Kind) -> dict[str, Any]:
+    """The report of `kind` in the file `source` (a path) or the text
+    `source` (a str), checked to be that kind at this tool's version.
+    Raises OverlayError saying which: not JSON, another kind, an older or a
+    newer report_version (a consumer of another version must not misread it)."""
+    if isinstance(source, pathlib.Path):
+        where = str(source)
+        try:
+            text = source.read_text()
+        except OSError as exc:
+            raise OverlayError(f"{where}: cannot read the {kind} report ({exc.strerror}).") from None
+    else:
+        where, text = f"the {kind} report", source
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise OverlayError(f"{where} is not JSON ({exc}): not a {kind} report the tool wrote.") from None
+    if not isinstance(doc, dict):
+        raise OverlayError(f"{where} is not a JSON object: not a {kind} report the tool wrote.")
+    found_kind, version = doc.get("kind"), doc.get("report_version")
+    if found_kind != kind:
+        said = f"a {found_kind} report" if isinstance(found_kind, str) else "not a versioned report (no \"kind\")"
+        raise OverlayError(f"{where} is {said}, not a {kind} report.")
+    want = VERSIONS[kind]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise OverlayError(f"{where}: its report_version is {version!r}, not a number: not a {kind} report the tool wrote.")
+    if version != want:
+        which = "an older" if version < want else "a newer"
+        raise OverlayError(f"{where} is {kind} report_version {version}, {which} format than this tool's ({want}): read it with the "
+                           f"maxtext-rl-overlay that wrote it, or make it again with this one (docs/reports.md: versioning).")
+    return doc
