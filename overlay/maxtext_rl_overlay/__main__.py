@@ -1,9 +1,11 @@
 """The maxtext-rl-overlay command line.
 
-Each subcommand parses its flags into the options of one stage module and
-prints what the stage returns; the stages hold all the logic. Exit statuses
-are ExitCode (errors.py), the same for every subcommand and documented in
---help: a failure's is the one its error carries."""
+Each subcommand parses its flags into the options of one stage module (its
+`from_args`) and calls that stage's one command function, which prints the
+stage's answer and returns the exit status; the stages hold all the logic
+and the reports' shapes. Exit statuses are ExitCode (errors.py), the same for
+every subcommand and documented in --help: a failure's is the one its error
+carries."""
 
 from __future__ import annotations
 
@@ -14,13 +16,24 @@ import os
 import pathlib
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from . import __version__, interrupts, proc, staging
+# Every stage at module level: none imports jax, torch or transformers at
+# import time (smoke's engine and references import them in the processes
+# they start), so --help stays fast.
+from . import __version__, build, buildcache, interrupts, patchfile, proc, sources, staging, testmatrix, verify
 from .errors import ExitCode, OverlayError, UsageError
-
-if TYPE_CHECKING:
-    from .rebase import Report
+from .indexpages import base_url
+from .options import named_source, project_root
+from .patching import ENGINES
+from .pins import DISTRIBUTIONS, load_project
+from .rebase.command import command as rebase_command
+from .rebase.options import request_from_args
+from .smoke import report as smoke_report
+from .smoke.run import SmokeOptions
+from .testmatrix import PLATFORMS, MatrixOptions
+from .tpucell import bundle
 
 DESCRIPTION = """\
 MaxText RL's vLLM/Tunix stack on TPU: the pinned upstreams (google-tunix,
@@ -47,21 +60,7 @@ exit status:
 """
 
 
-def _find_project(start: pathlib.Path) -> pathlib.Path:
-    for path in (start, *start.parents):
-        if (path / "patches").is_dir() and (path / "pyproject.toml").is_file():
-            return path
-    raise OverlayError(f"{start} is not inside a maxtext-rl-overlay checkout (no patches/ and pyproject.toml above it); pass --project.")
-
-
-def _project(args: argparse.Namespace) -> pathlib.Path:
-    return args.project or _find_project(pathlib.Path.cwd())
-
-
 def _source_arg(text: str) -> tuple[str, str]:
-    from .options import named_source
-    from .pins import DISTRIBUTIONS
-
     try:
         return named_source(text, DISTRIBUTIONS)
     except ValueError as exc:
@@ -69,8 +68,6 @@ def _source_arg(text: str) -> tuple[str, str]:
 
 
 def _only_arg(text: str) -> list[str]:
-    from .pins import DISTRIBUTIONS
-
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in DISTRIBUTIONS]
     if unknown or not names:
@@ -79,8 +76,6 @@ def _only_arg(text: str) -> list[str]:
 
 
 def _base_url_arg(text: str) -> str:
-    from .indexpages import base_url
-
     try:
         base_url(text)
     except OverlayError as exc:
@@ -96,95 +91,6 @@ def _python_arg(text: str) -> str:
     return text
 
 
-def _cmd_build(args: argparse.Namespace) -> int:
-    from .build import BuildOptions, build
-
-    given: dict[str, str] = {}
-    for name, path in args.source:
-        if name in given:
-            raise UsageError(f"--source {name} given twice.")
-        given[name] = path
-    result = build(
-        BuildOptions(
-            project_root=_project(args),
-            sources=given,
-            only=args.only,
-            out=args.out,
-            constraints=args.constraints,
-            allow_unpinned=args.unpinned,
-            engine=args.engine,
-            python=args.python,
-            torch_standin=args.torch_standin,
-            base_url=args.base_url,
-        )
-    )
-    for name, sha in result.wheels.items():
-        print(f"{sha}  {name}")
-    return ExitCode.OK
-
-
-def _cmd_verify(args: argparse.Namespace) -> int:
-    from . import manifest, verify
-
-    doc = manifest.load_installed()
-    findings = verify.check(doc, require_pinned=args.require_pinned, environment=not args.files_only)
-    if not (args.no_imports or args.files_only):
-        findings += verify.check_imports(doc)
-    deviations = verify.host_deviations(args.host_deviations) if args.host_deviations else []
-    findings = verify.accept_deviations(findings, deviations)
-    print(verify.render(findings))
-    # A host that deviates from the release is never called the release: its deviations are in the verdict.
-    on_host = f"on a host that deviates from the release: {'; '.join(deviations)}" if deviations else ""
-    bad = [f for f in findings if not f.ok]
-    if bad:
-        print(f"\nverify: NO - {len(bad)} check(s) failed" + (f"; {on_host}" if on_host else "") + ".", file=sys.stderr)
-        for line in verify.explain(findings, doc):
-            print(f"  {line}", file=sys.stderr)
-        return ExitCode.CHECK_FAILED
-    what = "the installed distributions are the overlay builds, patched files intact"
-    if args.files_only:
-        what += "; the closure (torch) and the imports NOT checked (--files-only)"
-    what += "." if args.no_imports or args.files_only else "; the stack imports."
-    print(f"\nverify: yes, {on_host}. Otherwise: {what}" if on_host else f"\nverify: yes - {what}")
-    return ExitCode.OK
-
-
-def _cmd_smoke(args: argparse.Namespace) -> int:
-    from .smoke.report import render
-    from .smoke.run import JSON_OWNER, BrokenStack, CannotRun, SmokeOptions, json_text, smoke
-    from .staging import write_atomically
-
-    def write_json(doc: dict[str, Any]) -> None:
-        if args.json:
-            write_atomically(args.json, json_text(doc), owner=JSON_OWNER)
-
-    # Before any work: FILE must be writable and absent, empty or smoke's own
-    # (else an OverlayError naming it: status 3); until the end it says that
-    # smoke did not finish, never what an earlier run found.
-    write_json({"ok": False, "failed": ["smoke did not finish"], "finished": False})
-    # Its two ways to end before a report are smoke's own to say, in FILE too;
-    # the status is the error's.
-    try:
-        report = smoke(SmokeOptions(cpu_simulation=args.cpu_simulation, timeout=args.timeout))
-    except CannotRun as exc:
-        write_json({"ok": False, "failed": [], "cannot_run": str(exc), "finished": True})
-        print(f"smoke: cannot run here: {exc}", file=sys.stderr)
-        return exc.status
-    except BrokenStack as exc:
-        write_json({"ok": False, "failed": [str(exc)], "finished": True})
-        print(f"smoke: NO - the installed stack is broken: {exc}", file=sys.stderr)
-        return exc.status
-    print(render(report))
-    write_json(dict(report.as_json(), finished=True))
-    where = " (CPU simulation: not a hardware qualification)" if report.cpu_simulation else ""
-    skipped = "".join(f"; {name} skipped: {why}" for name, why in report.skipped.items())
-    if report.failed:
-        print(f"\nsmoke: NO{where} - {len(report.failed)} check(s) failed: {'; '.join(report.failed)}{skipped}", file=sys.stderr)
-        return ExitCode.CHECK_FAILED
-    print(f"\nsmoke: yes{where} - every check passed{skipped}.")
-    return ExitCode.OK
-
-
 def _seconds_arg(text: str) -> float:
     """A positive, finite number of seconds."""
     try:
@@ -196,36 +102,32 @@ def _seconds_arg(text: str) -> float:
     return value
 
 
-def _cmd_tpu_cell_bundle(args: argparse.Namespace) -> int:
-    from .tpucell.bundle import BundleOptions, make
-
-    given: dict[str, str] = {}
-    for name, path in args.source:
-        if name in given:
-            raise UsageError(f"--source {name} given twice.")
-        given[name] = path
-    bundle = make(BundleOptions(project_root=_project(args), release=args.release, out=args.out, host_index=tuple(args.host_index),
-                                host_python=args.host_python, host_platform=args.host_platform, host_jax=args.host_jax,
-                                host_keep=tuple(n.strip() for n in args.host_keep.split(",") if n.strip()),
-                                host_overrides=tuple(args.host_override), sources=given,
-                                leave_out=tuple(n.strip() for n in args.leave_out.split(",") if n.strip()), python=args.python,
-                                allow_unpinned=args.unpinned, torch_standin=args.torch_standin))
-    for wheel, why in sorted(bundle.carried.items()):
-        print(f"carried  {wheel}  ({why})")
-    for line in bundle.deviations:
-        print(f"deviation  {line}")
-    print(f"tpu-cell: bundle {bundle.out}: {bundle.size / 2**20:.1f} MiB ({len(bundle.carried)} wheels carried, {len(bundle.on_host)} "
-          f"from the host's index). On the host: bash {bundle.out.name}/run.sh --report DIR")
-    return ExitCode.OK
+# Each command: its options, parsed by the parser's `options` (the stage's
+# from_args), then its stage's one function.
 
 
-def _cmd_lint(args: argparse.Namespace) -> int:
-    from . import patchfile, testmatrix
-    from .pins import load_project
+def _cmd_build(opts: build.BuildOptions) -> int:
+    return build.command(opts)
 
+
+def _cmd_verify(opts: verify.VerifyOptions) -> int:
+    verdict = verify.verify(opts)
+    verify.print_verdict(verdict)
+    return ExitCode.OK if verdict.ok else ExitCode.CHECK_FAILED
+
+
+def _cmd_smoke(opts: SmokeOptions) -> int:
+    return smoke_report.command(opts)
+
+
+def _cmd_tpu_cell_bundle(opts: bundle.BundleOptions) -> int:
+    return bundle.command(opts)
+
+
+def _cmd_lint(root: pathlib.Path) -> int:
     # pyproject's options and [project] table, the pin files, and what refers
     # across them (the maxtext extra names one of [project]'s extras), checked.
-    project = load_project(_project(args))
+    project = load_project(root)
     for quick in (False, True):  # and the matrix table, the one part used only by test-matrix
         testmatrix.load_matrix(project.options.matrix, where=str(project.root / "pyproject.toml"), quick=quick)
     problems = [problem for pin in project.pins.values() for path in pin.series for problem in patchfile.lint_file(path)]
@@ -236,56 +138,11 @@ def _cmd_lint(args: argparse.Namespace) -> int:
     return ExitCode.CHECK_FAILED if problems else ExitCode.OK
 
 
-def _cmd_test_matrix(args: argparse.Namespace) -> int:
-    from . import testmatrix
-
-    root = _project(args)
-    results = testmatrix.run(root, args.wheels.resolve(), args.work.resolve(), platform=args.platform, quick=args.quick, keep=args.keep)
-    print(testmatrix.render(results))
-    return ExitCode.OK if results and all(r.ok for r in results) else ExitCode.CHECK_FAILED
+def _cmd_test_matrix(opts: MatrixOptions) -> int:
+    return testmatrix.command(opts)
 
 
-def _cmd_rebase(args: argparse.Namespace) -> int:
-    from . import rebase
-    from .rebase.options import Abort, FindBase, RebaseOptions, ReleaseOptions, Resume, parse_request
-
-    root = _project(args)
-    request = parse_request(root, name=args.name, new_ref=args.new_ref, maxtext=args.maxtext, sources=args.source, build=args.build,
-                            standins=args.standins, apply_vllm_lkg=args.apply_vllm_lkg, find_base=args.find_base,
-                            run_tests=not args.no_tests, resume=args.cont, abort=args.abort)
-    # A --maxtext move's own state wraps the distribution's: --continue and --abort go to it first.
-    match request:
-        case Abort():
-            print(rebase.release.abort(root) if rebase.release.in_progress(root) else rebase.abort(root))
-            return ExitCode.OK
-        case Resume() if rebase.release.in_progress(root):
-            moved = rebase.release.resume(root)
-        case Resume():
-            return _rebase_done(rebase.resume(root))
-        case ReleaseOptions():
-            moved = rebase.release.start(request)
-        case FindBase(options):
-            print(rebase.render_base(options.name, rebase.find_base(options)))
-            return ExitCode.OK
-        case RebaseOptions():
-            if rebase.release.in_progress(root):  # its moves are this command's too: one at a time
-                raise OverlayError("a rebase --maxtext is in progress: finish it with scripts/rebase.sh --continue or undo it with "
-                                   "scripts/rebase.sh --abort first.")
-            return _rebase_done(rebase.start(request))
-    print(moved.text)
-    return ExitCode.CHECK_FAILED if moved.needs_action else ExitCode.OK
-
-
-def _rebase_done(report: Report) -> int:
-    from . import rebase
-
-    print(rebase.render(report))
-    return ExitCode.CHECK_FAILED if report.needs_action else ExitCode.OK
-
-
-def _cmd_clean(args: argparse.Namespace) -> int:
-    from . import buildcache, sources
-
+def _cmd_clean(_: None) -> int:
     done = buildcache.clean(sources.cache_root())
     what = "removed " + ", ".join(done.removed) if done.removed else "nothing was kept"
     print(f"clean: {done.cache}: {what}; {done.freed / 2**30:.1f} GiB freed")
@@ -294,15 +151,16 @@ def _cmd_clean(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
+def _project_root(args: argparse.Namespace) -> pathlib.Path:
+    return project_root(args.project)
+
+
+def _no_options(args: argparse.Namespace) -> None:
+    return None
+
+
 def _parser() -> argparse.ArgumentParser:
     # The defaults a flag shares with its stage are the stage's options' own.
-    from .build import BuildOptions
-    from .patching import ENGINES
-    from .pins import DISTRIBUTIONS
-    from .smoke.run import SmokeOptions
-    from .testmatrix import PLATFORMS
-    from .tpucell.bundle import BundleOptions
-
     # -v on the command or after it; SUPPRESS keeps a subcommand's default
     # from overwriting a -v given before the subcommand.
     verbose = argparse.ArgumentParser(add_help=False)
@@ -326,6 +184,10 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(parser=p)  # for the usage line of a UsageError
         return p
 
+    def runs(p: argparse.ArgumentParser, func: Callable[[Any], int], options: Callable[[argparse.Namespace], Any]) -> None:
+        """`func` runs the command on what `options` parses its flags into."""
+        p.set_defaults(func=func, options=options)
+
     v = command("verify", "check that the installed stack is the overlay's builds, intact, and that it imports")
     v.add_argument("--require-pinned", action="store_true",
                    help="also fail on stand-ins: wheels built from unpinned sources, PyPI's torch for the CPU build")
@@ -338,15 +200,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="a host that cannot hold the release's closure (the TPU cell, docs/tpu-cell.md): CLOSURE is the release's "
                         "(the bundle's release-closure.txt); every difference from it is named in the verdict, and torch at the "
                         "host's version is accepted as one")
-    v.set_defaults(func=_cmd_verify)
+    v.add_argument("--json", type=pathlib.Path, metavar="FILE",
+                   help="also write the findings and the verdict as JSON to FILE (docs/reports.md), on a NO too")
+    runs(v, _cmd_verify, verify.VerifyOptions.from_args)
 
     s = command("smoke", "start the installed engine on a tiny model made here, generate, and check it against transformers")
     s.add_argument("--cpu-simulation", action="store_true",
                    help="run the same checks on 8 CPU devices, the TPU kernels interpreted (not a hardware qualification)")
-    s.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE")
+    s.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE (docs/reports.md)")
     s.add_argument("--timeout", type=_seconds_arg, default=SmokeOptions.timeout, metavar="SECONDS",
                    help="for each engine process, start and generates (default: %(default).0f); past it the check names the step")
-    s.set_defaults(func=_cmd_smoke)
+    runs(s, _cmd_smoke, SmokeOptions.from_args)
 
     b = command("build", "build the overlay wheels, the index and constraints.txt from the pins", project)
     b.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
@@ -361,14 +225,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="resolve with PyPI's build of MaxText's torch version (a CUDA build) where the PyTorch CPU index "
                         "is out of reach; labelled as a stand-in")
     b.add_argument("--engine", choices=ENGINES, help="how to apply the patches (default: git where installed)")
-    b.add_argument("--python", type=_python_arg, default=BuildOptions.python, metavar="PYTHON",
+    b.add_argument("--python", type=_python_arg, default=build.BuildOptions.python, metavar="PYTHON",
                    help="interpreter for the builds and the resolver (default: this one)")
     b.add_argument("--base-url", type=_base_url_arg, metavar="URL",
                    help="where the index folder will be served: its constraints.txt then names the index by this URL")
-    b.set_defaults(func=_cmd_build)
+    runs(b, _cmd_build, build.BuildOptions.from_args)
 
     lint = command("lint", "check every patch of every series for its trailers and format", project)
-    lint.set_defaults(func=_cmd_lint)
+    runs(lint, _cmd_lint, _project_root)
 
     r = command("rebase", "carry a patch series onto a new upstream commit, or every pin onto a MaxText release's (stops at a conflict)", project)
     r.add_argument("name", nargs="?", metavar="NAME", choices=DISTRIBUTIONS, help=f"the upstream: {names}")
@@ -385,7 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--no-tests", action="store_true", help="skip the fast tests (tests/unit) at the end")
     r.add_argument("--continue", dest="cont", action="store_true", help="resume after resolving a conflict in the work clone")
     r.add_argument("--abort", action="store_true", help="undo the rebase in progress: every file restored from its backup")
-    r.set_defaults(func=_cmd_rebase)
+    runs(r, rebase_command, request_from_args)
 
     t = command("test-matrix", "install the wheels into a fresh venv per cell, verify, and run tests/fixes", project)
     t.add_argument("--wheels", type=pathlib.Path, required=True, metavar="DIR", help="the index folder (with its constraints.txt)")
@@ -394,24 +258,26 @@ def _parser() -> argparse.ArgumentParser:
                    help="cpu: 8 simulated devices; tpu: a real v6e-8 (default: %(default)s)")
     t.add_argument("--quick", action="store_true", help="the subset every CI run takes")
     t.add_argument("--keep", action="store_true", help="keep the venvs")
-    t.set_defaults(func=_cmd_test_matrix)
+    t.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE (docs/reports.md)")
+    runs(t, _cmd_test_matrix, MatrixOptions.from_args)
 
     cell = command("tpu-cell", "the TPU cell: a release bundled for a TPU host with its own JAX and no network (docs/tpu-cell.md)")
     cell_sub = cell.add_subparsers(dest="cell_command", required=True, metavar="COMMAND")
     cb = cell_sub.add_parser("bundle", help="make the bundle (here, with the registry in reach)", parents=[verbose, project],
                              description="Make the TPU cell's bundle from a release: the closure resolved for the host, the wheels "
                                          "its index lacks, the tests, the stand-ins and run.sh.")
-    cb.set_defaults(parser=cb, func=_cmd_tpu_cell_bundle)
+    cb.set_defaults(parser=cb)
+    runs(cb, _cmd_tpu_cell_bundle, bundle.BundleOptions.from_args)
     cb.add_argument("--release", type=pathlib.Path, required=True, metavar="DIST", help="the release (a build's --out, with its constraints.txt)")
     cb.add_argument("--out", type=pathlib.Path, required=True, metavar="BUNDLE", help="the bundle's folder (replaced if it is a bundle)")
     cb.add_argument("--host-index", action="append", default=[], required=True, metavar="URL_OR_DIR",
                     help="the host's package index: a simple index (folder or file:// URL) or a folder of wheels, as the same path "
                          "exists on the host (repeat for each)")
-    cb.add_argument("--host-python", default=BundleOptions.host_python, metavar="X.Y", help="the host's Python (default: %(default)s)")
-    cb.add_argument("--host-platform", default=BundleOptions.host_platform, metavar="ARCH-manylinux_2_N",
+    cb.add_argument("--host-python", default=bundle.BundleOptions.host_python, metavar="X.Y", help="the host's Python (default: %(default)s)")
+    cb.add_argument("--host-platform", default=bundle.BundleOptions.host_platform, metavar="ARCH-manylinux_2_N",
                     help="the host's platform, its glibc as a manylinux tag (default: %(default)s, the release's; run.sh checks it)")
     cb.add_argument("--host-jax", metavar="VERSION", help="the host's JAX (default: the one version the host's index holds)")
-    cb.add_argument("--host-keep", default=",".join(BundleOptions.host_keep), metavar="NAME,...",
+    cb.add_argument("--host-keep", default=",".join(bundle.BundleOptions.host_keep), metavar="NAME,...",
                     help="what the host has installed of its own and keeps (default: %(default)s)")
     cb.add_argument("--host-override", action="append", default=[], metavar="NAME==VERSION",
                     help="a distribution the host takes at another version than the release's (a deviation, named as one)")
@@ -424,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
     cb.add_argument("--torch-standin", action="store_true", help="as build's (the release was built with it)")
 
     c = command("clean", "empty the build cache (MRL_CACHE_DIR, by default ~/.cache/maxtext-rl-overlay); refused while a build uses it")
-    c.set_defaults(func=_cmd_clean)
+    runs(c, _cmd_clean, _no_options)
     return parser
 
 
@@ -440,7 +306,7 @@ def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)  # a wrong command line exits here, with USAGE
     try:
         proc.set_verbose(args.verbose)
-        code = int(args.func(args))
+        code = int(args.func(args.options(args)))
         interrupts.check()  # one that came during the last cleanup
         return code
     except UsageError as exc:

@@ -7,6 +7,7 @@ index and constraints.txt as they were."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -29,13 +30,14 @@ from . import (
     inputdigests,
     interrupts,
     manifest,
+    options,
     overlayfiles,
     sources,
     tomledit,
     wheels,
 )
 from .digest import sha256_file
-from .errors import OverlayError
+from .errors import ExitCode, OverlayError
 from .patching import Engine, apply_series
 from .pins import Pin, Project, load_project, select
 from .progress import step
@@ -58,6 +60,12 @@ class BuildOptions:
     # then names the index by that URL, so a copy of it works from anywhere.
     base_url: str | None = None
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BuildOptions:
+        return cls(project_root=options.project_root(args.project), sources=options.named_sources(args.source), only=args.only,
+                   out=args.out, constraints=args.constraints, allow_unpinned=args.unpinned, engine=args.engine, python=args.python,
+                   torch_standin=args.torch_standin, base_url=args.base_url)
+
 
 @dataclasses.dataclass
 class BuildResult:
@@ -66,6 +74,14 @@ class BuildResult:
     wheels: dict[str, str]  # file name -> sha256
     from_pin: dict[str, bool]
     manifest: manifest.Manifest
+
+
+def command(opts: BuildOptions) -> int:
+    """`build`: the wheels built, each printed with its sha256."""
+    result = build(opts)
+    for name, sha in result.wheels.items():
+        print(f"{sha}  {name}")
+    return ExitCode.OK
 
 
 def build(opts: BuildOptions) -> BuildResult:

@@ -23,7 +23,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from .errors import OverlayError
+from .errors import OverlayError, UsageError
 
 # -- typed values ------------------------------------------------------------
 
@@ -149,6 +149,29 @@ def named_source(text: str, known: Sequence[str]) -> tuple[str, str]:
     if name not in known:
         raise ValueError(f"unknown distribution {name!r} in {text!r}; choose from {', '.join(known)}")
     return name, path
+
+
+def named_sources(given: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Every `--source NAME=PATH` of a command (build, tpu-cell bundle), by
+    name; a name given twice is a usage error."""
+    sources: dict[str, str] = {}
+    for name, path in given:
+        if name in sources:
+            raise UsageError(f"--source {name} given twice.")
+        sources[name] = path
+    return sources
+
+
+def project_root(given: pathlib.Path | None, start: pathlib.Path | None = None) -> pathlib.Path:
+    """The checkout a command works in: --project DIR, else the one holding
+    `start` (the current folder)."""
+    if given is not None:
+        return given
+    here = start or pathlib.Path.cwd()
+    for path in (here, *here.parents):
+        if (path / "patches").is_dir() and (path / "pyproject.toml").is_file():
+            return path
+    raise OverlayError(f"{here} is not inside a maxtext-rl-overlay checkout (no patches/ and pyproject.toml above it); pass --project.")
 
 
 # -- pyproject.toml [tool.maxtext-rl-overlay] -------------------------------

@@ -45,6 +45,7 @@ class FindingDocument(TypedDict):
 class VerifyDocument(TypedDict):
     report_version: int
     kind: Literal["verify"]
+    finished: bool
     ok: bool
     verdict: str
     findings: list[FindingDocument]
@@ -85,6 +86,7 @@ class MatrixRunDocument(TypedDict):
 class MatrixDocument(TypedDict):
     report_version: int
     kind: Literal["test-matrix"]
+    finished: bool
     ok: bool
     platform: str
     quick: bool
@@ -115,7 +117,7 @@ def owner(kind: Kind) -> FileOwner:
     def owns(text: bytes) -> bool:
         return bool(head.match(text)) or (kind == "smoke" and text.startswith(_SMOKE_BEFORE_VERSIONS))
 
-    return FileOwner(f"a {kind} report", f'first keys "report_version" and "kind": "{kind}"', owns)
+    return FileOwner(f"a {kind} result", f'first keys "report_version" and "kind": "{kind}"', owns)
 
 
 def load_report(source: pathlib.Path | str, kind: Kind) -> dict[str, Any]:

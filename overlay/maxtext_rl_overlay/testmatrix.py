@@ -8,6 +8,7 @@ here for the cells and by the tests for their parametrization."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import pathlib
@@ -20,8 +21,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import indexpages, options, proc, tables
-from .errors import OverlayError
+from . import indexpages, options, proc, reports, staging, tables
+from .errors import ExitCode, OverlayError
 from .indexpages import STANDIN_OVERRIDES
 from .options import refuse_unknown
 from .pins import load_project
@@ -367,3 +368,49 @@ def render(results: list[CellResult]) -> str:
     skipped = sum(r.skipped for r in results)
     lines.append(f"matrix: {passed} passed, {failed} failed, {skipped} skipped")
     return "\n".join(lines)
+
+
+# -- the command: test-matrix [--json FILE] -------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixOptions:
+    project_root: pathlib.Path
+    wheels: pathlib.Path  # the index folder, with its constraints.txt
+    work: pathlib.Path  # the cells' venvs and JUnit XML
+    platform: str = "cpu"
+    quick: bool = False
+    keep: bool = False
+    json: pathlib.Path | None = None  # where the report goes (docs/reports.md)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> MatrixOptions:
+        return cls(project_root=options.project_root(args.project), wheels=args.wheels.resolve(), work=args.work.resolve(),
+                   platform=args.platform, quick=args.quick, keep=args.keep, json=args.json)
+
+
+def command(opts: MatrixOptions) -> int:
+    """`test-matrix`: every cell run, the table printed, the report written
+    (opts.json: until the end it says the matrix did not finish)."""
+    if opts.json:
+        write_json(opts.json, None, opts)  # before any work: FILE must be writable and absent, empty or the matrix's own
+    results = run(opts.project_root, opts.wheels, opts.work, platform=opts.platform, quick=opts.quick, keep=opts.keep)
+    print(render(results))
+    if opts.json:
+        write_json(opts.json, results, opts)
+    return ExitCode.OK if results and all(r.ok for r in results) else ExitCode.CHECK_FAILED
+
+
+def json_document(results: list[CellResult] | None, opts: MatrixOptions) -> reports.MatrixDocument:
+    """The matrix's report (docs/reports.md); None: it has not finished."""
+    runs: list[reports.MatrixRunDocument] = [
+        {"cell": r.cell, "ok": r.ok, "verify": r.verify, "passed": r.passed, "failed": r.failed, "errors": r.errors, "skipped": r.skipped,
+         "seconds": round(r.seconds, 1), "junit": str(r.junit) if r.junit else None, "stand_ins": r.stand_ins} for r in results or []]
+    return {"report_version": reports.VERSIONS["test-matrix"], "kind": "test-matrix", "finished": results is not None,
+            "ok": bool(results) and all(r.ok for r in results or []), "platform": opts.platform, "quick": opts.quick, "runs": runs}
+
+
+def write_json(path: pathlib.Path, results: list[CellResult] | None, opts: MatrixOptions) -> None:
+    """test-matrix --json FILE: the one place it is written, whole or not at
+    all; an existing FILE only where it is empty or a matrix report."""
+    staging.write_atomically(path, reports.dumps(json_document(results, opts)), owner=reports.owner("test-matrix"))

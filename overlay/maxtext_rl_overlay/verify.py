@@ -20,18 +20,20 @@ restores the overlay."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import dataclasses
 import enum
 import importlib.metadata as md
 import json
 import pathlib
+import re
 import sys
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest, probes, proc, tables
+from . import manifest, probes, proc, reports, staging, tables
 from .digest import sha256_file
 from .errors import OverlayError, TimedOut
 from .manifest import Manifest
@@ -420,8 +422,6 @@ def host_deviations(closure: pathlib.Path) -> list[str]:
     the Python, each distribution at another version, and those not
     installed. Said, never accepted silently: verify --host-deviations names
     each one in its verdict."""
-    import re
-
     try:
         text = closure.read_text()
     except OSError as exc:
@@ -456,3 +456,101 @@ def accept_deviations(findings: list[Finding], deviations: list[str]) -> list[Fi
     named = {line.split()[0] for line in deviations}
     return [dataclasses.replace(f, problem=Problem.DEVIATION, ok=True, remedy="")
             if not f.ok and f.check is Check.VERSION and f.distribution == "torch" and f.distribution in named else f for f in findings]
+
+
+# -- the command: verify [--json FILE] ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyOptions:
+    require_pinned: bool = False
+    imports: bool = True  # --no-imports: False
+    files_only: bool = False
+    host_deviations: pathlib.Path | None = None  # the release's closure (the TPU cell's release-closure.txt)
+    json: pathlib.Path | None = None  # where the report goes (docs/reports.md)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> VerifyOptions:
+        return cls(require_pinned=args.require_pinned, imports=not args.no_imports, files_only=args.files_only,
+                   host_deviations=args.host_deviations, json=args.json)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """verify's answer: every finding, the host's deviations, what to do
+    about what failed, and the verdict line."""
+
+    findings: list[Finding]
+    deviations: list[str]
+    explanation: list[str]
+    line: str
+    opts: VerifyOptions
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+
+def verify(opts: VerifyOptions) -> Verdict:
+    """The installed stack checked as `opts` asks; with opts.json, the
+    report written (also on a NO; until the end it says verify did not finish)."""
+    if opts.json:
+        write_json(opts.json, None)  # before any work: FILE must be writable and absent, empty or verify's own
+    doc = manifest.load_installed()
+    findings = check(doc, require_pinned=opts.require_pinned, environment=not opts.files_only)
+    if opts.imports and not opts.files_only:
+        findings += check_imports(doc)
+    deviations = host_deviations(opts.host_deviations) if opts.host_deviations else []
+    findings = accept_deviations(findings, deviations)
+    bad = [f for f in findings if not f.ok]
+    verdict = Verdict(findings, deviations, explain(findings, doc) if bad else [], verdict_line(findings, deviations, opts), opts)
+    if opts.json:
+        write_json(opts.json, verdict)
+    return verdict
+
+
+def verdict_line(findings: list[Finding], deviations: list[str], opts: VerifyOptions) -> str:
+    """verify's last line: yes or NO, and what it covered."""
+    # A host that deviates from the release is never called the release: its deviations are in the verdict.
+    on_host = f"on a host that deviates from the release: {'; '.join(deviations)}" if deviations else ""
+    bad = [f for f in findings if not f.ok]
+    if bad:
+        return f"verify: NO - {len(bad)} check(s) failed" + (f"; {on_host}" if on_host else "") + "."
+    what = "the installed distributions are the overlay builds, patched files intact"
+    if opts.files_only:
+        what += "; the closure (torch) and the imports NOT checked (--files-only)"
+    what += "." if not opts.imports or opts.files_only else "; the stack imports."
+    return f"verify: yes, {on_host}. Otherwise: {what}" if on_host else f"verify: yes - {what}"
+
+
+def print_verdict(verdict: Verdict) -> None:
+    """The table on stdout; the verdict on stdout (yes) or stderr (NO, with what to do)."""
+    print(render(verdict.findings))
+    if verdict.ok:
+        print(f"\n{verdict.line}")
+        return
+    print(f"\n{verdict.line}", file=sys.stderr)
+    for line in verdict.explanation:
+        print(f"  {line}", file=sys.stderr)
+
+
+def json_document(verdict: Verdict | None) -> reports.VerifyDocument:
+    """verify's report (docs/reports.md); None: verify has not finished."""
+    if verdict is None:
+        return {"report_version": reports.VERSIONS["verify"], "kind": "verify", "finished": False, "ok": False,
+                "verdict": "verify did not finish", "findings": [], "explanation": [], "deviations": [], "closure_checked": False,
+                "imports_checked": False}
+    findings: list[reports.FindingDocument] = [
+        {"distribution": f.distribution, "check": f.check.value, "subject": f.subject, "expected": f.expected, "found": f.found,
+         "shown": f.shown, "ok": f.ok, "problem": f.problem.value if f.problem else None, "remedy": f.remedy}
+        for f in verdict.findings]
+    opts = verdict.opts
+    return {"report_version": reports.VERSIONS["verify"], "kind": "verify", "finished": True, "ok": verdict.ok, "verdict": verdict.line,
+            "findings": findings, "explanation": verdict.explanation, "deviations": verdict.deviations,
+            "closure_checked": not opts.files_only, "imports_checked": opts.imports and not opts.files_only}
+
+
+def write_json(path: pathlib.Path, verdict: Verdict | None) -> None:
+    """verify --json FILE: the one place it is written, whole or not at all;
+    an existing FILE only where it is empty or a verify report."""
+    staging.write_atomically(path, reports.dumps(json_document(verdict)), owner=reports.owner("verify"))

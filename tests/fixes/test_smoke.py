@@ -10,7 +10,6 @@ the module's tests (an engine start costs a minute or two here).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import pathlib
 import re
@@ -20,9 +19,11 @@ import sys
 
 import pytest
 
+from maxtext_rl_overlay.reports import load_report
 from maxtext_rl_overlay.smoke.checks import DEFAULT_PRECISION
 from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
-from maxtext_rl_overlay.smoke.run import json_text
+from maxtext_rl_overlay.smoke.report import write_json
+from maxtext_rl_overlay.smoke.run import SmokeReport
 from support.fixes import breaks, maxtext_models, maxtext_shims
 from support.fixes.matrix import CHIPS, PLATFORM
 
@@ -65,7 +66,7 @@ def smoke(tmp_path_factory):
                     "(smoke starts the engine in a child process), so this would start the plain run's engine again")
     out = tmp_path_factory.mktemp("smoke") / "smoke.json"
     proc = _smoke(*_flags(out))
-    return proc, (json.loads(out.read_text()) if out.is_file() else None)
+    return proc, (load_report(out, "smoke") if out.is_file() else None)
 
 
 def _table_rows(stdout: str) -> list[str]:
@@ -124,12 +125,12 @@ def test_a_package_that_fails_to_import_is_a_broken_stack_named_as_such(tmp_path
     (tmp_path / "shadow" / package).mkdir(parents=True)
     (tmp_path / "shadow" / package / "__init__.py").write_text(f"raise {raises}\n")
     out = tmp_path / "smoke.json"
-    out.write_text(json_text({"ok": True, "failed": []}))  # an earlier pass must not survive
+    write_json(out, SmokeReport(False, []), cpu_simulation=False)  # an earlier pass must not survive
     proc = _smoke("--json", str(out), env={"PYTHONPATH": str(tmp_path / "shadow")})  # without --cpu-simulation: the probe asks jax
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
     assert f"smoke: NO - the installed stack is broken: {package} fails to import: {raises.split('(')[0]}" in proc.stderr, proc.stderr[-2000:]
     assert "no TPU here" not in proc.stderr
-    doc = json.loads(out.read_text())
+    doc = load_report(out, "smoke")
     assert doc["ok"] is False and f"{package} fails to import" in doc["failed"][0], doc
 
 
@@ -150,7 +151,7 @@ def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
     out = tmp_path / "smoke.json"
     proc = _smoke(*_flags(out), "--timeout", "5")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
-    [check] = json.loads(out.read_text())["configurations"][0]["checks"]  # the first configuration's engine
+    [check] = load_report(out, "smoke")["configurations"][0]["checks"]  # the first configuration's engine
     assert check["name"] == "engine ran" and not check["ok"], check
     step = check["detail"].removeprefix("no result within 5 s; it was in: ")
     assert step in ("importing jax, vLLM and tpu-inference", "engine start") or step.startswith("generate "), check
@@ -183,7 +184,7 @@ def test_smoke_names_a_broken_stack(tmp_path, break_):
     out = tmp_path / "smoke.json"
     proc = _smoke(*_flags(out), env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))})
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
-    reached = [c for c in json.loads(out.read_text())["configurations"]
+    reached = [c for c in load_report(out, "smoke")["configurations"]
                if broken.configurations is None or c["name"] in broken.configurations]
     assert reached, broken.configurations
     for config in reached:

@@ -19,6 +19,8 @@ from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import testmatrix
 from maxtext_rl_overlay.errors import ExitCode
 from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.reports import load_report
+from maxtext_rl_overlay.smoke import report as smoke_report
 from support import ROOT
 from support.project import project_copy
 from unit.unit_support import maxtext_version
@@ -122,11 +124,11 @@ def test_smoke_that_cannot_run_leaves_its_json_saying_so_not_an_old_pass(monkeyp
     from maxtext_rl_overlay.smoke import run
 
     out = tmp_path / "smoke.json"
-    out.write_text(run.json_text({"ok": True, "failed": []}))  # an earlier run's pass
+    smoke_report.write_json(out, run.SmokeReport(False, []), cpu_simulation=True)  # an earlier run's pass
     monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")
     assert cli.main(["smoke", "--cpu-simulation", "--json", str(out)]) == ExitCode.ERROR
-    doc = json.loads(out.read_text())
-    assert doc["ok"] is False and "mrl-no-such-reference" in doc["cannot_run"], doc
+    doc = load_report(out, "smoke")
+    assert doc["ok"] is False and doc["finished"] and "mrl-no-such-reference" in doc["cannot_run"], doc
 
 
 def test_smoke_json_replaces_only_a_file_smoke_wrote(monkeypatch, tmp_path, capsys):
@@ -141,11 +143,11 @@ def test_smoke_json_replaces_only_a_file_smoke_wrote(monkeypatch, tmp_path, caps
     assert foreign.read_text() == "# my notes\n"
     assert "is not a smoke result the tool wrote" in capsys.readouterr().err
     ours = tmp_path / "smoke.json"
-    ours.write_text(run.json_text({"ok": True, "failed": []}))
+    smoke_report.write_json(ours, run.SmokeReport(False, []), cpu_simulation=True)
     for path in (ours, tmp_path / "empty.json"):
         path.touch()
         assert cli.main(["smoke", "--cpu-simulation", "--json", str(path)]) == ExitCode.ERROR
-        assert json.loads(path.read_text())["cannot_run"], path
+        assert load_report(path, "smoke")["cannot_run"], path
 
 
 def _fake_python(tmp_path: pathlib.Path, stdout: str, stderr: str = "") -> str:

@@ -4,6 +4,7 @@ things, its flags checked against each other by parse_request)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import pathlib
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from typing import TypeAlias
 
 from ..errors import UsageError
 from ..options import named_source
+from ..options import project_root as options_project_root
 from ..pins import DISTRIBUTIONS
 
 
@@ -70,6 +72,13 @@ def absolute(path: str) -> str:
     elsewhere (the work clone its stop message sends the person into), as
     may the build command it suggests. A URL stays as it is."""
     return path if "://" in path else str(pathlib.Path(path).expanduser().resolve())
+
+
+def request_from_args(args: argparse.Namespace) -> Request:
+    """The rebase command line's request (parse_request on its flags)."""
+    return parse_request(options_project_root(args.project), name=args.name, new_ref=args.new_ref, maxtext=args.maxtext,
+                         sources=args.source, build=args.build, standins=args.standins, apply_vllm_lkg=args.apply_vllm_lkg,
+                         find_base=args.find_base, run_tests=not args.no_tests, resume=args.cont, abort=args.abort)
 
 
 def parse_request(project_root: pathlib.Path, *, name: str | None, new_ref: str | None, maxtext: str | None,

@@ -1,13 +1,20 @@
-"""smoke's table: one row per check, with its configuration's chips and
-seconds; every row of a CPU simulation says so."""
+"""smoke's answer, as the command gives it: the table (one row per check,
+with its configuration's chips and seconds; every row of a CPU simulation
+says so), the verdict line, the --json report (docs/reports.md) and the exit
+status (`command`)."""
 
 from __future__ import annotations
 
-from .. import tables
+import dataclasses
+import pathlib
+import sys
+
+from .. import reports, staging, tables
+from ..errors import ExitCode
 from . import checks
 from .cpu_simulation import NOTICE
 from .engine import HOST_STAND_IN
-from .run import SmokeReport
+from .run import BrokenStack, CannotRun, SmokeOptions, SmokeReport, smoke
 
 
 def _seconds(value: float | None) -> str:
@@ -47,3 +54,72 @@ def render(report: SmokeReport) -> str:
     if host:
         lines.append(f"\nThe TPU cell's host stand-ins were active (docs/tpu-cell.md): {'; '.join(host)}.")
     return "\n".join(lines)
+
+
+#: How smoke ended: its report, or the error that ended it before one; None: not yet.
+Outcome = SmokeReport | CannotRun | BrokenStack | None
+
+
+def json_document(outcome: Outcome, *, cpu_simulation: bool) -> reports.SmokeDocument:
+    """smoke's --json report for each way it ends (docs/reports.md)."""
+    doc: reports.SmokeDocument = {"report_version": reports.VERSIONS["smoke"], "kind": "smoke", "finished": outcome is not None, "ok": False,
+                                  "failed": [], "cannot_run": None, "cpu_simulation": cpu_simulation,
+                                  "notice": NOTICE if cpu_simulation else None, "configurations": [], "skipped": {}}
+    if outcome is None:
+        doc["failed"] = ["smoke did not finish"]
+    elif isinstance(outcome, CannotRun):
+        doc["cannot_run"] = str(outcome)
+    elif isinstance(outcome, BrokenStack):
+        doc["failed"] = [str(outcome)]
+    else:
+        doc["ok"], doc["failed"], doc["skipped"] = not outcome.failed, outcome.failed, outcome.skipped
+        doc["configurations"] = [dataclasses.asdict(c) for c in outcome.configurations]
+    return doc
+
+
+def write_json(path: pathlib.Path, outcome: Outcome, *, cpu_simulation: bool) -> None:
+    """smoke --json FILE: the one place it is written, whole or not at all;
+    an existing FILE only where it is empty or smoke's own (a typo must not
+    cost a file)."""
+    staging.write_atomically(path, reports.dumps(json_document(outcome, cpu_simulation=cpu_simulation)), owner=reports.owner("smoke"))
+
+
+def verdict(report: SmokeReport) -> str:
+    """smoke's last line: yes or NO, each failed check, each configuration skipped."""
+    where = " (CPU simulation: not a hardware qualification)" if report.cpu_simulation else ""
+    skipped = "".join(f"; {name} skipped: {why}" for name, why in report.skipped.items())
+    if report.failed:
+        return f"smoke: NO{where} - {len(report.failed)} check(s) failed: {'; '.join(report.failed)}{skipped}"
+    return f"smoke: yes{where} - every check passed{skipped}."
+
+
+def command(opts: SmokeOptions) -> int:
+    """`smoke`: run it, print the table and the verdict, write the report
+    (opts.json); the exit status."""
+    def write(outcome: Outcome) -> None:
+        if opts.json:
+            write_json(opts.json, outcome, cpu_simulation=opts.cpu_simulation)
+
+    # Before any work: FILE must be writable and absent, empty or smoke's own
+    # (else an OverlayError naming it: status 3); until the end it says that
+    # smoke did not finish, never what an earlier run found.
+    write(None)
+    # Its two ways to end before a report are smoke's own to say, in FILE too;
+    # the status is the error's.
+    try:
+        report = smoke(opts)
+    except CannotRun as exc:
+        write(exc)
+        print(f"smoke: cannot run here: {exc}", file=sys.stderr)
+        return exc.status
+    except BrokenStack as exc:
+        write(exc)
+        print(f"smoke: NO - the installed stack is broken: {exc}", file=sys.stderr)
+        return exc.status
+    print(render(report))
+    write(report)
+    if report.failed:
+        print(f"\n{verdict(report)}", file=sys.stderr)
+        return ExitCode.CHECK_FAILED
+    print(f"\n{verdict(report)}")
+    return ExitCode.OK

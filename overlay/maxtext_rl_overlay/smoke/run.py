@@ -5,6 +5,7 @@ the engine with this interpreter)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.util
 import json
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import probes, proc, staging
+from .. import probes, proc
 from ..errors import CheckFailed, ExitCode, OverlayError, TimedOut
 from ..progress import step
 from . import checks, configurations, maxtext_model, tiny_llama
@@ -35,16 +36,6 @@ NEEDED = {"jax": "jax", "vllm": "vllm", "tpu_inference": "tpu-inference", "tunix
 PROBED = ("jax", "torch", "transformers")
 #: What libtpu says when another process holds the chips.
 TPU_HELD = ("already in use", "Device or resource busy")
-#: The first key of every --json FILE smoke writes: an existing FILE is
-#: replaced only where it is empty or one of these (a typo must not cost a file).
-JSON_MARK = "maxtext-rl-overlay smoke"
-JSON_OWNER = staging.FileOwner("a smoke result", f'a first key "written_by": "{JSON_MARK}"',
-                               lambda head: head.startswith(b'{\n "written_by": ' + json.dumps(JSON_MARK).encode()))
-
-
-def json_text(doc: dict[str, Any]) -> str:
-    """smoke's --json FILE for `doc`, marked as smoke's (JSON_OWNER)."""
-    return json.dumps({"written_by": JSON_MARK, **doc}, indent=1) + "\n"
 
 
 class CannotRun(OverlayError):
@@ -63,6 +54,11 @@ class SmokeOptions:
     cpu_simulation: bool = False
     timeout: float = 900.0  # one engine process's bound, start and every generate (the CLI's default too)
     python: str = sys.executable
+    json: pathlib.Path | None = None  # where the report goes (smoke/report.py, docs/reports.md)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SmokeOptions:
+        return cls(cpu_simulation=args.cpu_simulation, timeout=args.timeout, json=args.json)
 
 
 @dataclasses.dataclass
@@ -89,16 +85,6 @@ class SmokeReport:
     @property
     def failed(self) -> list[str]:
         return [f"{c.name}: {k.name}" for c in self.configurations for k in c.checks if not k.ok]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "cpu_simulation": self.cpu_simulation,
-            "notice": NOTICE if self.cpu_simulation else None,
-            "ok": not self.failed,
-            "failed": self.failed,
-            "configurations": [dataclasses.asdict(c) for c in self.configurations],
-            "skipped": self.skipped,
-        }
 
 
 def smoke(opts: SmokeOptions) -> SmokeReport:

@@ -22,6 +22,7 @@ again on the host, as are its JAX and its index. The bundle holds:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -37,10 +38,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import buildcache, probes, proc, sources
+from .. import buildcache, options, probes, proc, sources
 from ..digest import sha256_file
 from ..environment import TARGET_PLATFORM, TARGET_PYTHON
-from ..errors import OverlayError
+from ..errors import ExitCode, OverlayError
 from ..pins import load_project
 from ..progress import step
 from ..staging import check_replaceable, scratch_dir, staged_dir
@@ -86,6 +87,16 @@ class BundleOptions:
     python: str | None = None  # a local interpreter of the host's Python version (vLLM's rebuild)
     allow_unpinned: bool = False
     torch_standin: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BundleOptions:
+        def names(text: str) -> tuple[str, ...]:  # NAME,NAME,...
+            return tuple(n.strip() for n in text.split(",") if n.strip())
+
+        return cls(project_root=options.project_root(args.project), release=args.release, out=args.out, host_index=tuple(args.host_index),
+                   host_python=args.host_python, host_platform=args.host_platform, host_jax=args.host_jax, host_keep=names(args.host_keep),
+                   host_overrides=tuple(args.host_override), sources=options.named_sources(args.source), leave_out=names(args.leave_out),
+                   python=args.python, allow_unpinned=args.unpinned, torch_standin=args.torch_standin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +146,19 @@ def _compile(what: str, requirement: str, python_version: str, flags: list[str],
     if done.returncode != 0:
         raise OverlayError(f"{what} failed (uv pip compile exited with {done.returncode}):\n{done.stderr.strip()}")
     return str(done.stdout)
+
+
+def command(opts: BundleOptions) -> int:
+    """`tpu-cell bundle`: the bundle made; each wheel carried and why, each
+    deviation, and what to run on the host, printed."""
+    bundle = make(opts)
+    for wheel, why in sorted(bundle.carried.items()):
+        print(f"carried  {wheel}  ({why})")
+    for line in bundle.deviations:
+        print(f"deviation  {line}")
+    print(f"tpu-cell: bundle {bundle.out}: {bundle.size / 2**20:.1f} MiB ({len(bundle.carried)} wheels carried, {len(bundle.on_host)} "
+          f"from the host's index). On the host: bash {bundle.out.name}/run.sh --report DIR")
+    return ExitCode.OK
 
 
 def make(opts: BundleOptions) -> Bundle:
