@@ -22,12 +22,12 @@ from typing import Any
 # Every stage at module level: none imports jax, torch or transformers at
 # import time (smoke's engine and references import them in the processes
 # they start), so --help stays fast.
-from . import __version__, build, buildcache, interrupts, patchfile, proc, sources, staging, testmatrix, verify
+from . import __version__, build, buildcache, interrupts, lint, proc, sources, staging, testmatrix, verify
 from .errors import ExitCode, OverlayError, UsageError
 from .indexpages import base_url
 from .options import named_source, project_root
 from .patching import ENGINES
-from .pins import DISTRIBUTIONS, load_project
+from .pins import DISTRIBUTIONS
 from .rebase.command import command as rebase_command
 from .rebase.options import request_from_args
 from .smoke import report as smoke_report
@@ -125,17 +125,7 @@ def _cmd_tpu_cell_bundle(opts: bundle.BundleOptions) -> int:
 
 
 def _cmd_lint(root: pathlib.Path) -> int:
-    # pyproject's options and [project] table, the pin files, and what refers
-    # across them (the maxtext extra names one of [project]'s extras), checked.
-    project = load_project(root)
-    for quick in (False, True):  # and the matrix table, the one part used only by test-matrix
-        testmatrix.load_matrix(project.options.matrix, where=str(project.root / "pyproject.toml"), quick=quick)
-    problems = [problem for pin in project.pins.values() for path in pin.series for problem in patchfile.lint_file(path)]
-    for problem in problems:
-        print(problem)
-    count = sum(len(p.series) for p in project.pins.values())
-    print(f"lint: {count} patch(es), {len(problems)} problem(s)")
-    return ExitCode.CHECK_FAILED if problems else ExitCode.OK
+    return lint.command(root)
 
 
 def _cmd_test_matrix(opts: MatrixOptions) -> int:
