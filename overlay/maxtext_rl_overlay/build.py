@@ -29,6 +29,7 @@ from . import (
     inputdigests,
     interrupts,
     manifest,
+    output,
     overlayfiles,
     sources,
     tomledit,
@@ -36,9 +37,9 @@ from . import (
 )
 from .digest import sha256_file
 from .errors import OverlayError
+from .output import step
 from .patching import Engine, apply_series
 from .pins import Pin, Project, load_project, select
-from .progress import step
 from .staging import begin_pair, check_replaceable, check_replaceable_file, check_writable, end_pair, finish_pair, recover, scratch_dir, staged_dir, staged_file
 
 
@@ -139,7 +140,7 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
                 entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
             not_built = [p for p in project.pins if p not in entries]
             if not_built:
-                step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them")
+                output.warn(f"not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them", who="build")
             adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
             overlay = overlayfiles.overlay_inputs(project.root)
             record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter),

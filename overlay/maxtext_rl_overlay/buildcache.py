@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 from . import proc
 from .errors import OverlayError
-from .progress import step
+from .output import step
 from .staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.

@@ -48,8 +48,8 @@ from packaging.utils import canonicalize_name
 from . import buildcache
 from .environment import Torch
 from .errors import OverlayError
+from .output import step
 from .proc import run
-from .progress import step
 from .staging import write_atomically
 
 #: Bumped when what a kept build environment's record says changes.

@@ -42,7 +42,7 @@ from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
-from .progress import step
+from .output import step
 from .staging import scratch_dir
 
 #: The resolver's flags (besides the inputs' files), part of the cache key.

@@ -22,10 +22,10 @@ from .digest import sha256_file
 from .errors import OverlayError
 from .git import git
 from .manifest import PatchRecord
+from .output import step
 from .patchfile import ZERO, PatchFile
 from .pins import Pin
 from .proc import output_tail
-from .progress import step
 from .sources import Source
 from .staging import staged_dir
 

@@ -32,7 +32,7 @@ from packaging.version import InvalidVersion, Version
 from . import buildcache
 from .digest import sha256_file
 from .errors import OverlayError
-from .progress import step
+from .output import step
 from .staging import staged_path
 
 #: PyPI, the index pip and uv use when none is configured.

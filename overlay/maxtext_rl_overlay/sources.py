@@ -24,8 +24,8 @@ from . import buildcache, gittree, options
 from .errors import OverlayError, TimedOut
 from .git import git, inside_package, reason, tree_entries
 from .git import out as gitout
+from .output import step
 from .pins import Pin
-from .progress import step
 from .staging import scratch_dir
 
 

@@ -90,7 +90,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import interrupts
+from . import interrupts, output
 from .errors import OverlayError
 
 #: What a staging folder's name adds to its destination's.
@@ -239,7 +239,7 @@ def recover(dest: pathlib.Path) -> list[str]:
             found.append(path.name)
             path.unlink(missing_ok=True)
     if found:
-        print(f"maxtext-rl-overlay: cleared what a stopped run left beside {dest}: {', '.join(found)}", file=sys.stderr, flush=True)
+        output.say(f"cleared what a stopped run left beside {dest}: {', '.join(found)}")
     return found
 
 
@@ -481,7 +481,7 @@ def remove_tree(path: pathlib.Path) -> bool:
             if attempt + 1 < REMOVE_TRIES:
                 time.sleep(REMOVE_PAUSE)
         reason = f": {errors[0]}" if errors else ""
-        print(f"maxtext-rl-overlay: warning: could not remove {path}{reason}; remove it by hand.", file=sys.stderr, flush=True)
+        output.warn(f"could not remove {path}{reason}; remove it by hand.")
         return False
 
 
@@ -642,7 +642,7 @@ def finish_pair(folder: pathlib.Path, path: pathlib.Path) -> str | None:
     else:
         done = f"{folder} and {path} are the previous run's, whole"
     journal.unlink(missing_ok=True)
-    print(f"maxtext-rl-overlay: a stopped publication was completed: {done}.", file=sys.stderr, flush=True)
+    output.say(f"a stopped publication was completed: {done}.")
     return done
 
 

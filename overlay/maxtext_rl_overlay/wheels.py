@@ -23,8 +23,8 @@ from . import buildcache, gittree, tomledit
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
 from .digest import sha256_file
 from .errors import OverlayError
+from .output import step
 from .proc import run
-from .progress import step
 from .staging import scratch_dir
 
 #: Bumped when what a kept wheel's record says changes.

@@ -41,8 +41,8 @@ from .. import buildcache, proc, sources
 from ..digest import sha256_file
 from ..environment import TARGET_PLATFORM, TARGET_PYTHON
 from ..errors import OverlayError
+from ..output import step
 from ..pins import load_project
-from ..progress import step
 from ..staging import check_replaceable, scratch_dir, staged_dir
 from . import hostindex
 
