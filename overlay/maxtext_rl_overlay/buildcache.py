@@ -44,9 +44,8 @@ from collections.abc import Callable, Iterator, Mapping
 from importlib import resources
 from typing import Any, TypeVar
 
-from . import proc
+from . import output, proc
 from .errors import OverlayError
-from .output import step
 from .staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
@@ -65,33 +64,46 @@ ROOT_LOCK = "cache.lock"
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """One folder of the cache, `<cache>/<folder>/<entry>`: what it holds
-    and who makes it (`about`: clean's list), and how the build output names
-    what happens to one of its entries (Entry: its record-keeping says it
-    in these words, so that every kind says it alike): `result`, one entry's
-    result ("wheel"); `kept`, how it was kept ("kept"; "cached" for a
-    resolution, as the resolution's other notes say); `afresh`, what the
-    build does instead of reusing a damaged one."""
+    and who makes it (`about`: clean's list), and whether its entries are
+    Entries with records (`records`); the others, the git mirrors and the
+    downloads, are named by what they hold (a commit, a sha256) and checked
+    by it on every use, as Entries too, under the same per-entry locks (Entry.locked)."""
 
     about: str
-    result: str = ""
-    afresh: str = ""
+    records: bool = True
+
+
+#: The folders the tool keeps in the cache: all that `clean` removes.
+KINDS = {
+    "sources": Kind("checked-out source trees (sources.py)"),
+    "git": Kind("git mirrors of the upstreams (sources.py, rebase)", records=False),
+    "patched": Kind("patched trees (patching.py)"),
+    "wheels": Kind("built wheels (wheels.py)"),
+    "buildenv": Kind("build environments (buildenv.py)"),
+    "closures": Kind("resolutions of the closure (closures.py)"),
+    "releases": Kind("MaxText release wheels (registry.py, for environment.py)"),
+    "standins": Kind("the stand-in sdists of the tests (tests/standins.py)", records=False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Said:
+    """How the output names one kind of kept result: the words of the module
+    that keeps it, given to the Entry methods that say something. `result`,
+    one entry's result ("wheel"); `afresh`, what the build does instead of
+    reusing a damaged one; `kept`, how it was kept ("kept"; "cached" for a
+    resolution, as the resolution's other notes say). The sentences are
+    made here, so that every kind says it alike."""
+
+    result: str
+    afresh: str
     kept: str = "kept"
 
+    def damaged(self, key: str) -> str:
+        return f"ignoring a damaged {self.kept} {self.result} {key[:12]}: {self.afresh}"
 
-#: The folders the tool keeps in the cache: all that `clean` removes. Every
-#: entry with a record (an Entry) is in one of them; the git mirrors and the
-#: downloads are named by what they hold (a commit, a sha256) and checked by
-#: it on every use, under the same per-entry locks (locked).
-KINDS = {
-    "sources": Kind("checked-out source trees (sources.py)", "source tree", "making it again"),
-    "git": Kind("git mirrors of the upstreams (sources.py, rebase)"),
-    "patched": Kind("patched trees (patching.py)", "patched tree", "patching afresh"),
-    "wheels": Kind("built wheels (wheels.py)", "wheel", "building afresh"),
-    "buildenv": Kind("build environments (buildenv.py)", "build environment", "making it again"),
-    "closures": Kind("resolutions of the closure (closures.py)", "resolution", "resolving afresh", kept="cached"),
-    "releases": Kind("MaxText release wheels (registry.py, for environment.py)", "release record", "asking the index again"),
-    "standins": Kind("the stand-in sdists of the tests (tests/standins.py)"),
-}
+    def not_kept(self, why: BaseException) -> str:
+        return f"the {self.result} was not kept for reuse ({why})"
 
 
 def key(inputs: dict[str, Any]) -> str:
@@ -216,17 +228,23 @@ class Damaged(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One kept result, `<cache>/<kind>/<name>`, found by `key`: the key()
-    of the inputs that made it (a source tree: its git tree id). `kind`, one
-    of KINDS, says how the build output names it.
+    """One kept result, `<cache>/<kind>/<name>`, of every kind the cache
+    holds (`kind`: one of KINDS), found by `key`: the key() of the inputs
+    that made it (a source tree: its git tree id), or, in a kind without
+    records, what it is named by and checked against on every use (a
+    download: its sha256; a git mirror: its name, as it holds every commit
+    fetched into it). Every entry is made and used under its lock
+    (`locked`); only a kind with records has the record-keeping below
+    (`reuse`, `store`, `make`).
 
     A folder holds the result's files and its record (RECORD); a result that
     is text (a resolution) is one JSON file, `one_file`, that is its own
     record. A record is JSON: the key, the inputs (for whoever reads the
     cache) and what lets the result be checked when it is reused. An entry
     is made and reused under its lock (`locked`): one build makes it while
-    the others wait, then reuse it. `who` is whom the build output says it
-    for (a distribution, "constraints")."""
+    the others wait, then reuse it. `who` is whom it is made for (a
+    distribution, "constraints"): whose lines its notes are. What it is
+    called in them is the caller's (a Said, given to `reuse` and `store`)."""
 
     path: pathlib.Path
     key: str
@@ -235,29 +253,38 @@ class Entry:
     one_file: bool = False
 
     def __post_init__(self) -> None:
-        if not KINDS.get(self.kind, Kind("")).result:
-            raise ValueError(f"{self.kind!r} is not a kind of the cache that keeps entries with records")
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.kind!r} is not a kind of the cache")
 
-    @property
-    def said(self) -> Kind:
-        """How the build output names this entry (its kind's words)."""
-        return KINDS[self.kind]
+    def _records(self) -> None:
+        # A mirror or a download has no record: what it holds is checked by its name.
+        if not KINDS[self.kind].records:
+            raise ValueError(f"{self.kind!r} is not a kind of the cache that keeps entries with records")
 
     @property
     def record_path(self) -> pathlib.Path:
         return self.path if self.one_file else self.path / RECORD
 
-    def locked(self) -> contextlib.AbstractContextManager[None]:
-        return locked(self.path, who=self.who)
+    @property
+    def lock_path(self) -> pathlib.Path:
+        """Its lock file, `<cache>/locks/<kind folder>/<name>.lock`: beside
+        the entries' folders, so that they hold only entries."""
+        return self.path.parent.parent / LOCKS / self.path.parent.name / f"{self.path.name}.lock"
 
-    def reuse(self, check: Callable[[dict[str, Any]], _T]) -> _T | None:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Hold its lock, exclusively, for the block: make it, or check and
+        read it, while no other build touches it."""
+        return _flock(self.lock_path, who=self.who, what=f"the cache's {self.path.parent.name}/{self.path.name}")
+
+    def reuse(self, check: Callable[[dict[str, Any]], _T], said: Said) -> _T | None:
         """What `check` makes of the record of a whole entry; None for no
         entry (a folder without its record is one a build was stopped in),
-        and for a damaged one, which is said and removed (the caller
+        and for a damaged one, which is said (in `said`'s words) and removed (the caller
         makes it again). Damaged: a record that cannot be read, is not JSON
         or is another key's, or one `check` rejects: raising Damaged, or
         KeyError, TypeError or ValueError (a field missing or of the wrong
         kind), or OSError (a file of the entry missing or unreadable)."""
+        self._records()
         if not os.path.lexists(self.record_path):
             return None
         try:
@@ -267,8 +294,7 @@ class Entry:
             return check(record)
         except (Damaged, OSError, ValueError, KeyError, TypeError):
             pass
-        said = self.said
-        step.note(self.who, f"ignoring a damaged {said.kept} {said.result} {self.key[:12]}: {said.afresh}")
+        output.note(self.who, said.damaged(self.key))
         self._remove()
         return None
 
@@ -282,16 +308,16 @@ class Entry:
     def _text(self, record: dict[str, Any]) -> str:
         return json.dumps({**record, "key": self.key}, indent=1, sort_keys=True) + "\n"
 
-    def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None) -> bool:
+    def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None, *, said: Said) -> bool:
         """Keep a copy of a result made elsewhere (a wheel, a patched tree, a
         resolution): `record` (the key is added) and, in a folder, what
         `fill` puts into the (staged) folder it is given. An entry appears
-        whole or not at all. False, said, when the cache cannot take it
+        whole or not at all. False, said (in `said`'s words), when the cache cannot take it
         (full, read-only): the result stands, only its reuse is lost."""
         try:
             self.make(lambda staged: (fill is not None and fill(staged), record)[1])
         except (OSError, OverlayError) as exc:  # OverlayError: staging's "cannot write", and NoSpace
-            step.note(self.who, f"the {self.said.result} was not kept for reuse ({exc})")
+            output.note(self.who, said.not_kept(exc))
             return False
         return True
 
@@ -306,6 +332,7 @@ class Entry:
         any failure (a full disk, a failed install) what was made is removed
         and the error goes on: the caller needs the result, not only its
         reuse. Returns the record, as written."""
+        self._records()
         if self.one_file:
             record = fill(self.path)
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -328,17 +355,6 @@ class Entry:
         return {**record, "key": self.key}
 
 
-def lock_path(entry: pathlib.Path) -> pathlib.Path:
-    """The lock file of a cache entry `<cache>/<kind>/<name>` (a folder or a file)."""
-    return entry.parent.parent / LOCKS / entry.parent.name / f"{entry.name}.lock"
-
-
-def locked(entry: pathlib.Path, *, who: str) -> contextlib.AbstractContextManager[None]:
-    """Hold the lock of the cache entry `entry`, exclusively, for the block:
-    make it, or check and read it, while no other build touches it."""
-    return _flock(lock_path(entry), who=who, what=f"the cache's {entry.parent.name}/{entry.name}")
-
-
 @contextlib.contextmanager
 def _flock(path: pathlib.Path, *, who: str, what: str, shared: bool = False, wait: bool = True) -> Iterator[None]:
     """Hold the flock of `path` (exclusive unless `shared`) for the block.
@@ -357,7 +373,7 @@ def _flock(path: pathlib.Path, *, who: str, what: str, shared: bool = False, wai
             except BlockingIOError:
                 if not wait:
                     raise
-                step.note(who, f"waiting for another build to finish with {what}")
+                output.note(who, f"waiting for another build to finish with {what}")
                 fcntl.flock(fd, mode)
             held = os.fstat(fd)
             try:

@@ -237,6 +237,10 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
     return dict(info)  # the record, written last by the entry: what says that the environment is complete
 
 
+#: How the output names a kept build environment.
+_SAID = buildcache.Said("build environment", "making it again")
+
+
 def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
     """The record of a complete build environment; None for none (an
     environment a build was stopped in, without its record) or a damaged
@@ -247,7 +251,7 @@ def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
             raise buildcache.Damaged
         return record
 
-    return entry.reuse(check)
+    return entry.reuse(check, _SAID)
 
 
 def _link_toolkit(who: str, root: pathlib.Path, cuda: str) -> pathlib.Path:

@@ -70,6 +70,10 @@ def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environ
                         preferred, preferences)
 
 
+#: How the output names a kept resolution: "cached", as its other notes say.
+_SAID = buildcache.Said("resolution", "resolving afresh", kept="cached")
+
+
 def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, entry: buildcache.Entry,
              inputs: dict[str, Any], refresh: bool, max_age: float, preferred: dict[str, str],
              preferences: pathlib.Path | None) -> str:
@@ -93,7 +97,7 @@ def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Enviro
     if cached is None:
         record = {"format": CLOSURE_CACHE_FORMAT, "created": time.time(), "sha256": closure_sha256(closure), "inputs": inputs,
                   "closure": closure}
-        if entry.store(record):
+        if entry.store(record, said=_SAID):
             step.note("constraints", f"resolution cached as {entry.key[:12]}")
     return closure
 
@@ -193,7 +197,7 @@ def _cached(entry: buildcache.Entry, max_age: float) -> tuple[str, float] | None
             raise buildcache.Damaged
         return closure, created
 
-    kept = entry.reuse(check)
+    kept = entry.reuse(check, _SAID)
     if kept is None:
         return None
     closure, created = kept

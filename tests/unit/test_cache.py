@@ -298,3 +298,21 @@ def test_a_damaged_kept_wheel_is_said_removed_and_built_afresh(tmp_path, capsys,
     assert wheels.kept_wheel(cache, inputs, tmp_path / "again", "x") is None
     assert f"[x] ignoring a damaged kept wheel {entry.name[:12]}: building afresh" in capsys.readouterr().err
     assert not entry.exists(), "removed: the build keeps its new wheel there"
+
+
+def test_every_kind_is_an_entry_and_only_a_kind_with_records_keeps_them(tmp_path):
+    """A git mirror and a download are Entries (their lock is an entry's)
+    without records: they are checked by what names them, so the
+    record-keeping refuses them; a folder that is no kind is refused."""
+    said = buildcache.Said("thing", "making it again")
+    mirror = buildcache.Entry(tmp_path / "git" / "x.git", "x.git", who="x", kind="git")
+    assert mirror.lock_path == tmp_path / buildcache.LOCKS / "git" / "x.git.lock"
+    with mirror.locked():
+        assert mirror.lock_path.exists()
+    with pytest.raises(ValueError, match="records"):
+        mirror.reuse(lambda record: record, said)
+    with pytest.raises(ValueError, match="records"):
+        mirror.store({}, said=said)
+    with pytest.raises(ValueError, match="not a kind"):
+        buildcache.Entry(tmp_path / "other" / "x", "x", who="x", kind="other")
+    assert said.damaged("k" * 64) == "ignoring a damaged kept thing kkkkkkkkkkkk: making it again"
