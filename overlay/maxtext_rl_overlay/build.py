@@ -21,6 +21,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from . import (
     buildcache,
     buildenv,
+    cachekeys,
     closures,
     constraintsfile,
     environment,
@@ -219,7 +220,7 @@ def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.D
             where = "--source a git repository" if entry.source.commit else "--source a source tree"
         what = f"commit {entry.source.commit}, tree {entry.source.tree}" if entry.source.commit else f"tree {entry.source.tree}"
         lines.append(f"  {name}: {where}, {what}" + ("" if entry.from_pin else " (NOT the pin)"))
-    lines.append(f"  with {buildcache.uv_identity(opts.python)['uv']}, the tool's code sha256 {buildcache.tool_digest()}")
+    lines.append(f"  with {cachekeys.uv_identity(opts.python)['uv']}, the tool's code sha256 {cachekeys.tool_digest()}")
     return tuple(lines)
 
 

@@ -45,7 +45,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache
+from . import buildcache, cachekeys
 from .environment import Torch
 from .errors import OverlayError
 from .output import step
@@ -80,7 +80,7 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
     toolchain = pinned_toolchain(who, requires, python, toolchain_file)
     inputs = {"format": BUILDENV_CACHE_FORMAT, "toolchain": _pins_and_hashes(toolchain), "torch": torch.version,
               "find_links": list(torch.find_links), "python": _version_of(python)}
-    key = buildcache.key(inputs)
+    key = cachekeys.key(inputs)
     entry = buildcache.Entry(cache / "buildenv" / key, key, who=who, kind="buildenv")
     root = entry.path
     # Under the entry's lock: an incomplete environment (no record) is one a
@@ -166,7 +166,7 @@ def pinned_toolchain(who: str, requires: list[str], python: str, path: pathlib.P
         "# The build installs exactly these (uv pip install --require-hashes --no-deps -r), then the closure's torch under them.",
         "# Resolved again, preferring these versions, only when the tree's build requirements change: commit the result.",
         f"# Made by: uv pip compile - {' '.join(flags)} --python PYTHON --output-file {TOOLCHAIN_FILE}",
-        f"#   with {buildcache.uv_version()}, PYTHON {_version_of(python).split()[0]} on {sys.platform} {os.uname().machine}; "
+        f"#   with {cachekeys.uv_version()}, PYTHON {_version_of(python).split()[0]} on {sys.platform} {os.uname().machine}; "
         f"build-constraints.txt: the tool's pinned build backends; stdin: the input below",
         _INPUT + json.dumps(requires),
     ]

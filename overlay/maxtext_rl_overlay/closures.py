@@ -37,7 +37,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, options, proc, sources
+from . import buildcache, cachekeys, options, proc, sources
 from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
@@ -177,9 +177,9 @@ def cache_key(index_dir: pathlib.Path, requirement: str, python: str, env: Envir
         "python_platform": TARGET_PLATFORM,
         "flags": list(COMPILE_FLAGS),
         "preferences": dict(preferred or {}),
-        "uv": buildcache.uv_identity(python),
+        "uv": cachekeys.uv_identity(python),
     }
-    return buildcache.key(inputs), inputs
+    return cachekeys.key(inputs), inputs
 
 
 def closure_sha256(closure: str) -> str:

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from typing import Any, Literal, get_args
 
-from . import buildcache, gittree, patchfile
+from . import buildcache, cachekeys, gittree, patchfile
 from .digest import sha256_file
 from .errors import OverlayError
 from .git import git
@@ -113,7 +113,7 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
         "series": [(p.name, sha256_file(p)) for p in pin.series],
         "engine": engine,
         "patch_ids": shutil.which("git") is not None,  # the records hold git's patch-ids where git is installed
-        "tool": buildcache.tool_digest(),
+        "tool": cachekeys.tool_digest(),
     }
 
 
@@ -122,7 +122,7 @@ _SAID = buildcache.Said("patched tree", "patching afresh")
 
 
 def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> buildcache.Entry:
-    key = buildcache.key(inputs)
+    key = cachekeys.key(inputs)
     return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, who=pin.distribution, kind="patched")
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import buildcache
+from . import buildcache, cachekeys
 from .digest import sha256_file
 from .errors import OverlayError
 from .output import step
@@ -118,7 +118,7 @@ def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib
     the index's file list the first time; afterwards, while the cached file
     still has the sha256 recorded then, none."""
     inputs = {"index": index_url(), "project": canonicalize_name(project), "version": version}
-    entry = buildcache.Entry(dest_dir / f"{canonicalize_name(project)}-{version}.release.json", buildcache.key(inputs), who=project,
+    entry = buildcache.Entry(dest_dir / f"{canonicalize_name(project)}-{version}.release.json", cachekeys.key(inputs), who=project,
                              kind="releases", one_file=True)
 
     def check(record: dict[str, Any]) -> pathlib.Path:

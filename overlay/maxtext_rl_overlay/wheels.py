@@ -19,7 +19,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, gittree, tomledit
+from . import buildcache, cachekeys, gittree, tomledit
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
 from .digest import sha256_file
 from .errors import OverlayError
@@ -172,7 +172,7 @@ def wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: st
     what it holds), its torch and CUDA, and the compilers the build finds
     there (the wheels built in one compile: vLLM's); the compiler and linker
     flags the user set; the tool itself, which sets the rest."""
-    compiler = None if build_env is None else buildcache.compiler_identity(dict(os.environ, **build_env.env, **env))
+    compiler = None if build_env is None else cachekeys.compiler_identity(dict(os.environ, **build_env.env, **env))
     return {
         "format": WHEEL_CACHE_FORMAT,
         "tree": gittree.tree_id(tree),
@@ -182,8 +182,8 @@ def wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: st
         "build_env": None if build_env is None else {"key": build_env.root.name, "torch": build_env.torch, "cuda": build_env.cuda},
         "compiler": compiler,
         "build_constraints": hashlib.sha256(BUILD_CONSTRAINTS.read_bytes()).hexdigest(),
-        "uv": buildcache.uv_identity(python if build_env is None else str(build_env.python)),
-        "tool": buildcache.tool_digest(),
+        "uv": cachekeys.uv_identity(python if build_env is None else str(build_env.python)),
+        "tool": cachekeys.tool_digest(),
     }
 
 
@@ -192,7 +192,7 @@ _SAID = buildcache.Said("wheel", "building afresh")
 
 
 def _entry(cache: pathlib.Path, inputs: dict[str, Any], who: str) -> buildcache.Entry:
-    key = buildcache.key(inputs)
+    key = cachekeys.key(inputs)
     return buildcache.Entry(cache / "wheels" / key, key, who=who, kind="wheels")
 
 

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import buildcache, buildenv
+from maxtext_rl_overlay import buildcache, buildenv, cachekeys
 from maxtext_rl_overlay.errors import OverlayError
 from support import ROOT
 
@@ -239,7 +239,7 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
     compiles again, as a cold one would; a pure-Python wheel's key is not."""
     from maxtext_rl_overlay import wheels
 
-    monkeypatch.setattr(buildcache, "uv_version", lambda: "uv 0.0.0 (fake)")
+    monkeypatch.setattr(cachekeys, "uv_version", lambda: "uv 0.0.0 (fake)")
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "setup.py").write_text("")
@@ -250,14 +250,14 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
         for name in ("cc", "c++", "gcc-13"):
             (bin_dir / name).write_text(f"#!/bin/sh\necho '{name} (fake) {version}'\n")
             (bin_dir / name).chmod(0o755)
-        buildcache.compiler_version.cache_clear()  # a new run of the tool
+        cachekeys.compiler_version.cache_clear()  # a new run of the tool
 
     build_env = buildenv.BuildEnv(tmp_path / "buildenv" / "k", pathlib.Path(sys.executable), {"PATH": str(bin_dir)}, "2.11.0", "")
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
 
     def key(with_env: buildenv.BuildEnv | None = build_env) -> str:
-        return buildcache.key(wheels.wheel_inputs(tree, {}, "0", sys.executable, with_env))
+        return cachekeys.key(wheels.wheel_inputs(tree, {}, "0", sys.executable, with_env))
 
     compilers("12.2.0")
     before, pure = key(), key(None)
