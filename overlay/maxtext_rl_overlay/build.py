@@ -41,7 +41,8 @@ from .errors import OverlayError
 from .output import step
 from .patching import Engine, apply_series
 from .pins import Pin, Project, load_project, select
-from .staging import begin_pair, check_replaceable, check_replaceable_file, check_writable, end_pair, finish_pair, recover, scratch_dir, staged_dir, staged_file
+from .publication import begin_pair, end_pair, finish_pair
+from .staging import check_replaceable, check_replaceable_file, check_writable, recover, scratch_dir, staged_dir, staged_file
 
 
 @dataclasses.dataclass
