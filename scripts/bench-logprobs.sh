@@ -18,9 +18,5 @@
 # says which).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-python=${MRL_BENCH_PYTHON:-$root/build/test-matrix/cells/py312/venv/bin/python}
-case ${1:-} in -*|"") ;; *) python=$1; shift ;; esac
-python=$(command -v "$python" || echo "$python")  # a name on PATH (python3) too
-[ -x "$python" ] || { echo "bench-logprobs: no python at $python (give a venv's python)" >&2; exit 2; }
-# The suite's helpers (tests/support) are imported as pytest imports them.
-PYTHONPATH="$root/tests${PYTHONPATH:+:$PYTHONPATH}" exec "$python" "$root/tests/bench/bench_logprobs.py" "$@"
+. "$root/scripts/lib.sh"
+run_bench "$root" logprobs no "$@"

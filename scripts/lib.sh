@@ -32,3 +32,22 @@ upstream_sources() {
   done
   echo "$list"
 }
+
+# Run tests/bench/bench_NAME.py (NAME: decode, logprobs) with the arguments
+# after the first three: the benchmark scripts' shared start. The python is
+# the first of them when it is not an option (a path, or a name on PATH),
+# else $MRL_BENCH_PYTHON, else the py312 cell venv `MRL_KEEP=1
+# scripts/test-matrix.sh` keeps. PASS_PYTHON "yes" also gives the benchmark
+# that python (--python PY: bench_decode starts its engines with it). The
+# suite's helpers (tests/support) are imported as pytest imports them.
+run_bench() {
+  local root=$1 name=$2 pass_python=$3
+  shift 3
+  local python=${MRL_BENCH_PYTHON:-$root/build/test-matrix/cells/py312/venv/bin/python}
+  case ${1:-} in -*|"") ;; *) python=$1; shift ;; esac
+  python=$(command -v "$python" || echo "$python")  # a name on PATH (python3) too
+  [ -x "$python" ] || { echo "bench-$name: no python at $python (give a venv's python)" >&2; exit 2; }
+  local extra=()
+  [ "$pass_python" = yes ] && extra=(--python "$python")
+  PYTHONPATH="$root/tests${PYTHONPATH:+:$PYTHONPATH}" exec "$python" "$root/tests/bench/bench_$name.py" ${extra[@]+"${extra[@]}"} "$@"
+}

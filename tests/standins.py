@@ -22,7 +22,7 @@ def cache_dir() -> pathlib.Path:
 
 def fetch(name: str) -> pathlib.Path:
     spec = tomllib.loads(TABLE.read_text())[name]
-    return registry.download(name, spec["sdist"], cache_dir(), sha256=spec["sha256"])
+    return registry.download(name, spec["sdist"], cache_dir(), kind="standins", sha256=spec["sha256"])
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from . import (
     buildcache,
     buildenv,
+    cachekeys,
     closures,
     constraintsfile,
     environment,
@@ -31,6 +32,7 @@ from . import (
     interrupts,
     manifest,
     options,
+    output,
     overlayfiles,
     sources,
     tomledit,
@@ -38,10 +40,11 @@ from . import (
 )
 from .digest import sha256_file
 from .errors import ExitCode, OverlayError
+from .output import step
 from .patching import Engine, apply_series
 from .pins import Pin, Project, load_project, select
-from .progress import step
-from .staging import begin_pair, check_replaceable, check_replaceable_file, check_writable, end_pair, finish_pair, recover, scratch_dir, staged_dir, staged_file
+from .publication import begin_pair, end_pair, finish_pair
+from .staging import check_replaceable, check_replaceable_file, check_writable, recover, scratch_dir, staged_dir, staged_file
 
 
 @dataclasses.dataclass
@@ -155,7 +158,7 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
                 entries[pin.distribution] = _build_upstream(project, pin, opts, env, staging, cache)
             not_built = [p for p in project.pins if p not in entries]
             if not_built:
-                step.note("build", f"WARNING: not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them")
+                output.warn(f"not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them", who="build")
             adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
             overlay = overlayfiles.overlay_inputs(project.root)
             record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter),
@@ -234,7 +237,7 @@ def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.D
             where = "--source a git repository" if entry.source.commit else "--source a source tree"
         what = f"commit {entry.source.commit}, tree {entry.source.tree}" if entry.source.commit else f"tree {entry.source.tree}"
         lines.append(f"  {name}: {where}, {what}" + ("" if entry.from_pin else " (NOT the pin)"))
-    lines.append(f"  with {buildcache.uv_identity(opts.python)['uv']}, the tool's code sha256 {buildcache.tool_digest()}")
+    lines.append(f"  with {cachekeys.uv_identity(opts.python)['uv']}, the tool's code sha256 {cachekeys.tool_digest()}")
     return tuple(lines)
 
 

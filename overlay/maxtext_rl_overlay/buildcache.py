@@ -4,9 +4,9 @@ A warm rebuild with unchanged inputs must cost little more than reading its
 results back, and give the same bytes as a cold build. So a kept result (an
 Entry: a source tree, a patched tree, a wheel, a build environment, a
 resolution of the closure, a release's record) is found by the sha256 of a
-record of its inputs: contents rather than paths, the uv that made it and how it was
-configured, and the tool's own code. A change to any of them is a miss, never
-a stale answer. The record is stored beside the result, which is written
+record of its inputs (cachekeys: contents rather than paths, the uv that made
+it and how it was configured, the compilers, and the tool's own code). A
+change to any of them is a miss, never a stale answer. The record is stored beside the result, which is written
 whole and checked by its own sha256 when it is reused.
 
 Several builds may share one cache (two checkouts, a CI runner's jobs), so
@@ -30,23 +30,15 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
-import functools
-import hashlib
 import json
 import os
 import pathlib
-import shlex
 import shutil
-import sys
-import tempfile
-import tomllib
-from collections.abc import Callable, Iterator, Mapping
-from importlib import resources
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from . import proc
+from . import output
 from .errors import OverlayError
-from .progress import step
 from .staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
@@ -65,143 +57,46 @@ ROOT_LOCK = "cache.lock"
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """One folder of the cache, `<cache>/<folder>/<entry>`: what it holds
-    and who makes it (`about`: clean's list), and how the build output names
-    what happens to one of its entries (Entry: its record-keeping says it
-    in these words, so that every kind says it alike): `result`, one entry's
-    result ("wheel"); `kept`, how it was kept ("kept"; "cached" for a
-    resolution, as the resolution's other notes say); `afresh`, what the
-    build does instead of reusing a damaged one."""
+    and who makes it (`about`: clean's list), and whether its entries are
+    Entries with records (`records`); the others, the git mirrors and the
+    downloads, are named by what they hold (a commit, a sha256) and checked
+    by it on every use, as Entries too, under the same per-entry locks (Entry.locked)."""
 
     about: str
-    result: str = ""
-    afresh: str = ""
-    kept: str = "kept"
+    records: bool = True
 
 
-#: The folders the tool keeps in the cache: all that `clean` removes. Every
-#: entry with a record (an Entry) is in one of them; the git mirrors and the
-#: downloads are named by what they hold (a commit, a sha256) and checked by
-#: it on every use, under the same per-entry locks (locked).
+#: The folders the tool keeps in the cache: all that `clean` removes.
 KINDS = {
-    "sources": Kind("checked-out source trees (sources.py)", "source tree", "making it again"),
-    "git": Kind("git mirrors of the upstreams (sources.py, rebase)"),
-    "patched": Kind("patched trees (patching.py)", "patched tree", "patching afresh"),
-    "wheels": Kind("built wheels (wheels.py)", "wheel", "building afresh"),
-    "buildenv": Kind("build environments (buildenv.py)", "build environment", "making it again"),
-    "closures": Kind("resolutions of the closure (closures.py)", "resolution", "resolving afresh", kept="cached"),
-    "releases": Kind("MaxText release wheels (registry.py, for environment.py)", "release record", "asking the index again"),
-    "standins": Kind("the stand-in sdists of the tests (tests/standins.py)"),
+    "sources": Kind("checked-out source trees (sources.py)"),
+    "git": Kind("git mirrors of the upstreams (sources.py, rebase)", records=False),
+    "patched": Kind("patched trees (patching.py)"),
+    "wheels": Kind("built wheels (wheels.py)"),
+    "buildenv": Kind("build environments (buildenv.py)"),
+    "closures": Kind("resolutions of the closure (closures.py)"),
+    "releases": Kind("MaxText release wheels (registry.py, for environment.py)"),
+    "standins": Kind("the stand-in sdists of the tests (tests/standins.py)", records=False),
 }
 
 
-def key(inputs: dict[str, Any]) -> str:
-    """The sha256 of a record of inputs (JSON, keys sorted)."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+@dataclasses.dataclass(frozen=True)
+class Said:
+    """How the output names one kind of kept result: the words of the module
+    that keeps it, given to the Entry methods that say something. `result`,
+    one entry's result ("wheel"); `afresh`, what the build does instead of
+    reusing a damaged one; `kept`, how it was kept ("kept"; "cached" for a
+    resolution, as the resolution's other notes say). The sentences are
+    made here, so that every kind says it alike."""
 
+    result: str
+    afresh: str
+    kept: str = "kept"
 
-@functools.cache
-def tool_digest() -> str:
-    """The sha256 of this package's code and resources: a result made by
-    another version of the tool is not reused."""
-    digest = hashlib.sha256()
-    package = resources.files(__package__)
-    paths = sorted(p for p in pathlib.Path(str(package)).rglob("*") if p.is_file() and p.suffix in (".py", ".txt"))
-    for path in paths:
-        digest.update(f"{path.relative_to(str(package))}\0".encode() + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    def damaged(self, key: str) -> str:
+        return f"ignoring a damaged {self.kept} {self.result} {key[:12]}: {self.afresh}"
 
-
-def uv_identity(python: str) -> dict[str, Any]:
-    """What uv's answer depends on besides its arguments: its version, the
-    interpreter it runs builds with, the UV_* variables (as digests: they
-    may hold secrets) and the settings files it may read."""
-    return {
-        "uv": uv_version(),
-        "interpreter": _interpreter(python),
-        "uv_environment": {k: _sha(v) for k, v in sorted(os.environ.items()) if k.startswith("UV_") and k not in _UV_NEUTRAL},
-        "uv_config": _uv_config(),
-    }
-
-
-def compiler_identity(env: Mapping[str, str]) -> dict[str, str]:
-    """The C and C++ compilers a build with `env` (its whole environment)
-    compiles with: CC and CXX, else the cc and c++ on its PATH (CMake's and
-    setuptools' first choices), each as the file it is and what its
-    --version says. After a compiler upgrade a kept compiled wheel is a miss,
-    as a cold build would compile with the new one."""
-    path = env.get("PATH", "")
-    return {var: compiler_version(env.get(var) or default, path) for var, default in (("CC", "cc"), ("CXX", "c++"))}
-
-
-@functools.cache
-def compiler_version(command: str, path: str) -> str:
-    words = shlex.split(command)
-    found = shutil.which(words[0], path=path) if words else None
-    if found is None:
-        return f"{command}: not found"
-    done = proc.run([found, *words[1:], "--version"], check=False, what=f"reading the version of the compiler {command}")
-    return f"{command} ({os.path.realpath(found)}), exit {done.returncode}: {str(done.stdout).strip()}"
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-#: uv variables that change how it works, not what it resolves to; every
-#: other UV_* variable is part of the key (an unknown one costs a miss, never
-#: a wrong answer).
-_UV_NEUTRAL = frozenset({
-    "UV_CACHE_DIR", "UV_NO_CACHE", "UV_NO_PROGRESS", "UV_CONCURRENT_DOWNLOADS", "UV_CONCURRENT_BUILDS",
-    "UV_CONCURRENT_INSTALLS", "UV_HTTP_TIMEOUT", "UV_REQUEST_TIMEOUT", "UV_HTTP_RETRIES", "UV_LINK_MODE",
-    "UV_PYTHON_DOWNLOADS", "UV_COLOR", "UV_NO_WRAP", "UV_LOG_CONTEXT",
-})
-
-
-@functools.cache
-def _interpreter(python: str) -> str:
-    """The interpreter uv runs builds with (also the resolver's, which builds
-    the metadata of sdists): its path and version."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        return f"{os.path.realpath(python)} {sys.version}"
-    done = proc.run([python, "-c", "import sys; print(sys.version)"], what="reading the interpreter's version")
-    return f"{os.path.realpath(python)} {done.stdout.strip()}"
-
-
-@functools.cache
-def uv_version() -> str:
-    return str(proc.run(["uv", "--version"], what="reading uv's version").stdout).strip()
-
-
-def _uv_config() -> dict[str, str]:
-    """sha256 of the uv settings files uv may read here: the user's and the
-    system's uv.toml, UV_CONFIG_FILE, and uv.toml or [tool.uv] of
-    pyproject.toml in this folder or any above it."""
-    home = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    candidates = [pathlib.Path(home) / "uv" / "uv.toml", pathlib.Path("/etc/uv/uv.toml")]
-    candidates += [pathlib.Path(d) / "uv" / "uv.toml" for d in os.environ.get("XDG_CONFIG_DIRS", "").split(":") if d]
-    if os.environ.get("UV_CONFIG_FILE"):
-        candidates.append(pathlib.Path(os.environ["UV_CONFIG_FILE"]))
-    # uv reads the nearest project's settings above the folder it runs in:
-    # this one, or a temporary folder (the resolutions run there).
-    for folder in (pathlib.Path.cwd(), pathlib.Path(tempfile.gettempdir())):
-        for d in (folder, *folder.parents):
-            candidates += [d / "uv.toml", d / "pyproject.toml"]
-    found = {}
-    for path in candidates:
-        try:
-            data = path.read_bytes()
-        except OSError:
-            continue
-        if path.name == "pyproject.toml":
-            try:
-                table = tomllib.loads(data.decode()).get("tool", {}).get("uv")
-            except (UnicodeDecodeError, tomllib.TOMLDecodeError):
-                table = data.decode(errors="replace")
-            if table is None:
-                continue
-            data = json.dumps(table, sort_keys=True, default=str).encode()
-        found[str(path)] = hashlib.sha256(data).hexdigest()
-    return found
+    def not_kept(self, why: BaseException) -> str:
+        return f"the {self.result} was not kept for reuse ({why})"
 
 
 #: What a kept folder holds beside its result: its record.
@@ -216,17 +111,23 @@ class Damaged(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One kept result, `<cache>/<kind>/<name>`, found by `key`: the key()
-    of the inputs that made it (a source tree: its git tree id). `kind`, one
-    of KINDS, says how the build output names it.
+    """One kept result, `<cache>/<kind>/<name>`, of every kind the cache
+    holds (`kind`: one of KINDS), found by `key`: the key() of the inputs
+    that made it (a source tree: its git tree id), or, in a kind without
+    records, what it is named by and checked against on every use (a
+    download: its sha256; a git mirror: its name, as it holds every commit
+    fetched into it). Every entry is made and used under its lock
+    (`locked`); only a kind with records has the record-keeping below
+    (`reuse`, `store`, `make`).
 
     A folder holds the result's files and its record (RECORD); a result that
     is text (a resolution) is one JSON file, `one_file`, that is its own
     record. A record is JSON: the key, the inputs (for whoever reads the
     cache) and what lets the result be checked when it is reused. An entry
     is made and reused under its lock (`locked`): one build makes it while
-    the others wait, then reuse it. `who` is whom the build output says it
-    for (a distribution, "constraints")."""
+    the others wait, then reuse it. `who` is whom it is made for (a
+    distribution, "constraints"): whose lines its notes are. What it is
+    called in them is the caller's (a Said, given to `reuse` and `store`)."""
 
     path: pathlib.Path
     key: str
@@ -235,29 +136,38 @@ class Entry:
     one_file: bool = False
 
     def __post_init__(self) -> None:
-        if not KINDS.get(self.kind, Kind("")).result:
-            raise ValueError(f"{self.kind!r} is not a kind of the cache that keeps entries with records")
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.kind!r} is not a kind of the cache")
 
-    @property
-    def said(self) -> Kind:
-        """How the build output names this entry (its kind's words)."""
-        return KINDS[self.kind]
+    def _records(self) -> None:
+        # A mirror or a download has no record: what it holds is checked by its name.
+        if not KINDS[self.kind].records:
+            raise ValueError(f"{self.kind!r} is not a kind of the cache that keeps entries with records")
 
     @property
     def record_path(self) -> pathlib.Path:
         return self.path if self.one_file else self.path / RECORD
 
-    def locked(self) -> contextlib.AbstractContextManager[None]:
-        return locked(self.path, who=self.who)
+    @property
+    def lock_path(self) -> pathlib.Path:
+        """Its lock file, `<cache>/locks/<kind folder>/<name>.lock`: beside
+        the entries' folders, so that they hold only entries."""
+        return self.path.parent.parent / LOCKS / self.path.parent.name / f"{self.path.name}.lock"
 
-    def reuse(self, check: Callable[[dict[str, Any]], _T]) -> _T | None:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Hold its lock, exclusively, for the block: make it, or check and
+        read it, while no other build touches it."""
+        return _flock(self.lock_path, who=self.who, what=f"the cache's {self.path.parent.name}/{self.path.name}")
+
+    def reuse(self, check: Callable[[dict[str, Any]], _T], said: Said) -> _T | None:
         """What `check` makes of the record of a whole entry; None for no
         entry (a folder without its record is one a build was stopped in),
-        and for a damaged one, which is said and removed (the caller
+        and for a damaged one, which is said (in `said`'s words) and removed (the caller
         makes it again). Damaged: a record that cannot be read, is not JSON
         or is another key's, or one `check` rejects: raising Damaged, or
         KeyError, TypeError or ValueError (a field missing or of the wrong
         kind), or OSError (a file of the entry missing or unreadable)."""
+        self._records()
         if not os.path.lexists(self.record_path):
             return None
         try:
@@ -267,8 +177,7 @@ class Entry:
             return check(record)
         except (Damaged, OSError, ValueError, KeyError, TypeError):
             pass
-        said = self.said
-        step.note(self.who, f"ignoring a damaged {said.kept} {said.result} {self.key[:12]}: {said.afresh}")
+        output.note(self.who, said.damaged(self.key))
         self._remove()
         return None
 
@@ -282,16 +191,16 @@ class Entry:
     def _text(self, record: dict[str, Any]) -> str:
         return json.dumps({**record, "key": self.key}, indent=1, sort_keys=True) + "\n"
 
-    def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None) -> bool:
+    def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None, *, said: Said) -> bool:
         """Keep a copy of a result made elsewhere (a wheel, a patched tree, a
         resolution): `record` (the key is added) and, in a folder, what
         `fill` puts into the (staged) folder it is given. An entry appears
-        whole or not at all. False, said, when the cache cannot take it
+        whole or not at all. False, said (in `said`'s words), when the cache cannot take it
         (full, read-only): the result stands, only its reuse is lost."""
         try:
             self.make(lambda staged: (fill is not None and fill(staged), record)[1])
         except (OSError, OverlayError) as exc:  # OverlayError: staging's "cannot write", and NoSpace
-            step.note(self.who, f"the {self.said.result} was not kept for reuse ({exc})")
+            output.note(self.who, said.not_kept(exc))
             return False
         return True
 
@@ -306,6 +215,7 @@ class Entry:
         any failure (a full disk, a failed install) what was made is removed
         and the error goes on: the caller needs the result, not only its
         reuse. Returns the record, as written."""
+        self._records()
         if self.one_file:
             record = fill(self.path)
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -328,17 +238,6 @@ class Entry:
         return {**record, "key": self.key}
 
 
-def lock_path(entry: pathlib.Path) -> pathlib.Path:
-    """The lock file of a cache entry `<cache>/<kind>/<name>` (a folder or a file)."""
-    return entry.parent.parent / LOCKS / entry.parent.name / f"{entry.name}.lock"
-
-
-def locked(entry: pathlib.Path, *, who: str) -> contextlib.AbstractContextManager[None]:
-    """Hold the lock of the cache entry `entry`, exclusively, for the block:
-    make it, or check and read it, while no other build touches it."""
-    return _flock(lock_path(entry), who=who, what=f"the cache's {entry.parent.name}/{entry.name}")
-
-
 @contextlib.contextmanager
 def _flock(path: pathlib.Path, *, who: str, what: str, shared: bool = False, wait: bool = True) -> Iterator[None]:
     """Hold the flock of `path` (exclusive unless `shared`) for the block.
@@ -357,7 +256,7 @@ def _flock(path: pathlib.Path, *, who: str, what: str, shared: bool = False, wai
             except BlockingIOError:
                 if not wait:
                     raise
-                step.note(who, f"waiting for another build to finish with {what}")
+                output.note(who, f"waiting for another build to finish with {what}")
                 fcntl.flock(fd, mode)
             held = os.fstat(fd)
             try:

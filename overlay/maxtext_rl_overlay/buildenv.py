@@ -45,11 +45,11 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache
+from . import buildcache, cachekeys
 from .environment import Torch
 from .errors import OverlayError
+from .output import step
 from .proc import run
-from .progress import step
 from .staging import write_atomically
 
 #: Bumped when what a kept build environment's record says changes.
@@ -80,7 +80,7 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
     toolchain = pinned_toolchain(who, requires, python, toolchain_file)
     inputs = {"format": BUILDENV_CACHE_FORMAT, "toolchain": _pins_and_hashes(toolchain), "torch": torch.version,
               "find_links": list(torch.find_links), "python": _version_of(python)}
-    key = buildcache.key(inputs)
+    key = cachekeys.key(inputs)
     entry = buildcache.Entry(cache / "buildenv" / key, key, who=who, kind="buildenv")
     root = entry.path
     # Under the entry's lock: an incomplete environment (no record) is one a
@@ -166,7 +166,7 @@ def pinned_toolchain(who: str, requires: list[str], python: str, path: pathlib.P
         "# The build installs exactly these (uv pip install --require-hashes --no-deps -r), then the closure's torch under them.",
         "# Resolved again, preferring these versions, only when the tree's build requirements change: commit the result.",
         f"# Made by: uv pip compile - {' '.join(flags)} --python PYTHON --output-file {TOOLCHAIN_FILE}",
-        f"#   with {buildcache.uv_version()}, PYTHON {_version_of(python).split()[0]} on {sys.platform} {os.uname().machine}; "
+        f"#   with {cachekeys.uv_version()}, PYTHON {_version_of(python).split()[0]} on {sys.platform} {os.uname().machine}; "
         f"build-constraints.txt: the tool's pinned build backends; stdin: the input below",
         _INPUT + json.dumps(requires),
     ]
@@ -237,6 +237,10 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
     return dict(info)  # the record, written last by the entry: what says that the environment is complete
 
 
+#: How the output names a kept build environment.
+_SAID = buildcache.Said("build environment", "making it again")
+
+
 def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
     """The record of a complete build environment; None for none (an
     environment a build was stopped in, without its record) or a damaged
@@ -247,7 +251,7 @@ def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
             raise buildcache.Damaged
         return record
 
-    return entry.reuse(check)
+    return entry.reuse(check, _SAID)
 
 
 def _link_toolkit(who: str, root: pathlib.Path, cuda: str) -> pathlib.Path:

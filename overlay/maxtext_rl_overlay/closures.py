@@ -37,12 +37,12 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, options, proc, sources
+from . import buildcache, cachekeys, options, proc, sources
 from .digest import sha256_file
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
-from .progress import step
+from .output import step
 from .staging import scratch_dir
 
 #: The resolver's flags (besides the inputs' files), part of the cache key.
@@ -70,6 +70,10 @@ def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environ
                         preferred, preferences)
 
 
+#: How the output names a kept resolution: "cached", as its other notes say.
+_SAID = buildcache.Said("resolution", "resolving afresh", kept="cached")
+
+
 def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, entry: buildcache.Entry,
              inputs: dict[str, Any], refresh: bool, max_age: float, preferred: dict[str, str],
              preferences: pathlib.Path | None) -> str:
@@ -93,7 +97,7 @@ def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Enviro
     if cached is None:
         record = {"format": CLOSURE_CACHE_FORMAT, "created": time.time(), "sha256": closure_sha256(closure), "inputs": inputs,
                   "closure": closure}
-        if entry.store(record):
+        if entry.store(record, said=_SAID):
             step.note("constraints", f"resolution cached as {entry.key[:12]}")
     return closure
 
@@ -173,9 +177,9 @@ def cache_key(index_dir: pathlib.Path, requirement: str, python: str, env: Envir
         "python_platform": TARGET_PLATFORM,
         "flags": list(COMPILE_FLAGS),
         "preferences": dict(preferred or {}),
-        "uv": buildcache.uv_identity(python),
+        "uv": cachekeys.uv_identity(python),
     }
-    return buildcache.key(inputs), inputs
+    return cachekeys.key(inputs), inputs
 
 
 def closure_sha256(closure: str) -> str:
@@ -193,7 +197,7 @@ def _cached(entry: buildcache.Entry, max_age: float) -> tuple[str, float] | None
             raise buildcache.Damaged
         return closure, created
 
-    kept = entry.reuse(check)
+    kept = entry.reuse(check, _SAID)
     if kept is None:
         return None
     closure, created = kept

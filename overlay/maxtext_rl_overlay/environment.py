@@ -27,8 +27,8 @@ from packaging.version import Version
 from . import registry
 from .errors import OverlayError
 from .options import maxtext_requirement
+from .output import step
 from .pins import Project
-from .progress import step
 
 #: What the stack runs on: a TPU VM (x86_64 Linux, Python 3.12). The closure
 #: is resolved for it, and MaxText's requirement markers are evaluated for it.

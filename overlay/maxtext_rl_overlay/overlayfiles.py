@@ -14,7 +14,7 @@ import shutil
 from . import manifest
 from .git import git
 from .git import out as gitout
-from .progress import step
+from .output import step
 
 #: What the overlay's own wheel is made of, in the project (the build adds
 #: the manifest and the exact dependencies on the overlay builds).

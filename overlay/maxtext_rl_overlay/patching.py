@@ -17,15 +17,15 @@ import shutil
 import tempfile
 from typing import Any, Literal, get_args
 
-from . import buildcache, gittree, patchfile
+from . import buildcache, cachekeys, gittree, patchfile
 from .digest import sha256_file
 from .errors import OverlayError
 from .git import git
 from .manifest import PatchRecord
+from .output import step
 from .patchfile import ZERO, PatchFile
 from .pins import Pin
 from .proc import output_tail
-from .progress import step
 from .sources import Source
 from .staging import staged_dir
 
@@ -113,12 +113,16 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
         "series": [(p.name, sha256_file(p)) for p in pin.series],
         "engine": engine,
         "patch_ids": shutil.which("git") is not None,  # the records hold git's patch-ids where git is installed
-        "tool": buildcache.tool_digest(),
+        "tool": cachekeys.tool_digest(),
     }
 
 
+#: How the output names a kept patched tree.
+_SAID = buildcache.Said("patched tree", "patching afresh")
+
+
 def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> buildcache.Entry:
-    key = buildcache.key(inputs)
+    key = cachekeys.key(inputs)
     return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, who=pin.distribution, kind="patched")
 
 
@@ -138,7 +142,7 @@ def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: path
                 raise buildcache.Damaged
         return applied, record["tree"]
 
-    kept = entry.reuse(check)
+    kept = entry.reuse(check, _SAID)
     if kept is None:
         return None
     applied, tree = kept
@@ -150,7 +154,7 @@ def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: path
 def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: pathlib.Path, applied: list[PatchRecord]) -> None:
     """Keep the patched `tree` for these inputs (a full or read-only cache: said, and the build goes on)."""
     record = {"tree": gittree.tree_id(tree), "inputs": inputs, "applied": [dataclasses.asdict(a) for a in applied]}
-    _entry(cache, pin, inputs).store(record, lambda staged: shutil.copytree(tree, staged / "tree", symlinks=True))
+    _entry(cache, pin, inputs).store(record, lambda staged: shutil.copytree(tree, staged / "tree", symlinks=True), said=_SAID)
 
 
 def _blob_of(work: pathlib.Path, relpath: str) -> str:

@@ -12,9 +12,10 @@ a build backend that uv started must not go on writing into a folder the
 tool is removing. A terminal's Ctrl-C reaches only the tool (the groups are
 not in the foreground), which stops the program the same way.
 
-`-v` (set_verbose) echoes each command line to stderr and streams the output
-of the long steps (`log=True`: builds, installs, resolutions, test runs) as it
-comes, while still capturing it for the error message."""
+`-v` (output.verbose) echoes each command line and streams the output of
+the long steps (`log=True`: builds, installs, resolutions, test runs) as it
+comes, through the output channel, while still capturing it for the error
+message."""
 
 from __future__ import annotations
 
@@ -23,13 +24,12 @@ import pathlib
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from . import interrupts
+from . import interrupts, output
 from .errors import OverlayError, ProgramMissing, TimedOut
 
 #: How many lines of a failed program's output an error message ends with.
@@ -40,12 +40,8 @@ STOP_GRACE = 5.0
 #: (a process finishes the system call it is in first).
 KILL_WAIT = 10.0
 
-_verbose = False
-
-
-def set_verbose(on: bool) -> None:
-    global _verbose
-    _verbose = on
+#: -v is held by the output channel; this name stays for the CLI's call.
+set_verbose = output.set_verbose
 
 
 def run(
@@ -77,15 +73,14 @@ def run(
     program not installed is ProgramMissing."""
     args = [os.fspath(c) for c in cmd]
     full_env = (dict(os.environ, **env) if inherit_env else dict(env)) if env is not None else None
-    prefix = f"[{who}] " if who else ""  # the progress lines' form, for the -v echo
     blame = f"{who}: " if who else ""  # the error messages' form
     data = input.encode() if isinstance(input, str) and not text else input
-    streamed = _verbose and log and capture
-    child = _spawn(args, what=what, blame=blame, echo=f"{prefix}$ {shlex.join(args)}" + (f"   (in {cwd})" if cwd else ""),
+    streamed = output.verbose() and log and capture
+    child = _spawn(args, what=what, blame=blame, who=who, echo=shlex.join(args) + (f"   (in {cwd})" if cwd else ""),
                    cwd=cwd, env=full_env, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
                    stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None, text=text)
     try:
-        out, err = _streamed(child, data, text, timeout, prefix) if streamed else child.communicate(data, timeout=timeout)
+        out, err = _streamed(child, data, text, timeout, who) if streamed else child.communicate(data, timeout=timeout)
     except subprocess.TimeoutExpired:
         stop(child)
         assert timeout is not None  # (only a timeout expires)
@@ -110,19 +105,19 @@ def start(cmd: Sequence[str | os.PathLike[str]], *, what: str, output: pathlib.P
     `stop` while it runs."""
     args = [os.fspath(c) for c in cmd]
     with output.open("w") as log:  # the child has its own copy of the file from here
-        return _spawn(args, what=what, blame="", echo=f"$ {shlex.join(args)} > {output}   (in the background)",
+        return _spawn(args, what=what, blame="", who="", echo=f"{shlex.join(args)} > {output}   (in the background)",
                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _spawn(args: list[str], *, what: str, blame: str, echo: str, **popen: Any) -> subprocess.Popen[Any]:
+def _spawn(args: list[str], *, what: str, blame: str, who: str, echo: str, **popen: Any) -> subprocess.Popen[Any]:
     """Start `args` in a process group of its own, with Popen's `popen`
     arguments: `run`'s and `start`'s one way to start a program. `echo` is
-    the -v echo of the command line; a signal whose exception was swallowed
+    the -v echo of the command line (said only under -v); a signal whose exception was swallowed
     on the way starts nothing; a signal during the start stops the child
     before it is raised; a program not installed is ProgramMissing naming
-    `what` (after `blame`, the distribution or stage)."""
-    if _verbose:
-        print(echo, file=sys.stderr, flush=True)
+    `what` (after `blame`, the distribution or stage); `who` is whose
+    line the echo is."""
+    output.command(echo, who=who)
     interrupts.check()  # a signal whose exception was swallowed on the way: start nothing more
     child: subprocess.Popen[Any] | None = None
     try:
@@ -154,8 +149,7 @@ def stop(child: subprocess.Popen[Any]) -> None:
         if not _wait_group(child, group, STOP_GRACE):
             _signal_group(group, signal.SIGKILL)
             if not _wait_group(child, group, KILL_WAIT):
-                print(f"maxtext-rl-overlay: warning: process group {group} was still there "
-                      f"{STOP_GRACE + KILL_WAIT:.0f} s after it was stopped.", file=sys.stderr, flush=True)
+                output.warn(f"process group {group} was still there {STOP_GRACE + KILL_WAIT:.0f} s after it was stopped.")
 
 
 def _close_pipes(child: subprocess.Popen[Any]) -> None:
@@ -230,20 +224,20 @@ def _name(args: list[str]) -> str:
     return " ".join(words)
 
 
-def _streamed(child: subprocess.Popen[Any], data: str | bytes | None, text: bool, timeout: float | None, prefix: str) -> tuple[Any, Any]:
-    """Like communicate, echoing each line to stderr as it arrives."""
+def _streamed(child: subprocess.Popen[Any], data: str | bytes | None, text: bool, timeout: float | None, who: str) -> tuple[Any, Any]:
+    """Like communicate, relaying each line to the output channel as it arrives."""
     captured: dict[str, list[Any]] = {"out": [], "err": []}
 
     def pump(stream: IO[Any], key: str) -> None:
         for line in stream:
             captured[key].append(line)
             shown = line if isinstance(line, str) else line.decode(errors="replace")
-            sys.stderr.write(f"{prefix}| {shown.rstrip()}\n")
-            sys.stderr.flush()
+            output.relay(shown, who=who)
 
     assert child.stdout is not None and child.stderr is not None
-    threads = [threading.Thread(target=pump, args=(child.stdout, "out"), daemon=True),
-               threading.Thread(target=pump, args=(child.stderr, "err"), daemon=True)]
+    # In the caller's context: the pumps write to its sink (a test's capture).
+    threads = [threading.Thread(target=output.in_this_context(pump), args=(child.stdout, "out"), daemon=True),
+               threading.Thread(target=output.in_this_context(pump), args=(child.stderr, "err"), daemon=True)]
     for t in threads:
         t.start()
     if data is not None and child.stdin is not None:

@@ -1,33 +1,10 @@
-"""Progress lines for long steps: which upstream, which stage, how long.
+"""The progress lines' old name: `step` is output.step.
 
-Written to stderr so that stdout stays for results (tables, paths)."""
+Kept so that code not yet moved to `output` (smoke/) goes on working; new
+code imports `output`, the one channel for the lines a person reads."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import time
-from collections.abc import Iterator
+from .output import step
 
-
-class _Step:
-    def __call__(self, who: str, what: str) -> contextlib.AbstractContextManager[None]:
-        return self._timed(who, what)
-
-    @contextlib.contextmanager
-    def _timed(self, who: str, what: str) -> Iterator[None]:
-        start = time.monotonic()
-        print(f"[{who}] {what} ...", file=sys.stderr, flush=True)
-        try:
-            yield
-        except BaseException:
-            print(f"[{who}] {what}: failed after {time.monotonic() - start:.1f}s", file=sys.stderr, flush=True)
-            raise
-        print(f"[{who}] {what}: done in {time.monotonic() - start:.1f}s", file=sys.stderr, flush=True)
-
-    @staticmethod
-    def note(who: str, what: str) -> None:
-        print(f"[{who}] {what}", file=sys.stderr, flush=True)
-
-
-step = _Step()
+__all__ = ["step"]

@@ -29,10 +29,10 @@ from typing import Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import buildcache
+from . import buildcache, cachekeys
 from .digest import sha256_file
 from .errors import OverlayError
-from .progress import step
+from .output import step
 from .staging import staged_path
 
 #: PyPI, the index pip and uv use when none is configured.
@@ -97,15 +97,20 @@ def _info(listing: list[dict[str, Any]], project: str, filename: str) -> tuple[s
     raise OverlayError(f"the package index has no file {filename} for {project}.")
 
 
-def download(project: str, filename: str, dest_dir: pathlib.Path, *, sha256: str | None = None) -> pathlib.Path:
-    """`filename` of `project` in `dest_dir`, downloaded once and checked."""
+def download(project: str, filename: str, dest_dir: pathlib.Path, *, kind: str, sha256: str | None = None) -> pathlib.Path:
+    """`filename` of `project` in `dest_dir`, the cache's folder of `kind`
+    (one of buildcache.KINDS), downloaded once and checked."""
     dest = dest_dir / filename
     if sha256 and dest.is_file() and sha256_file(dest) == sha256:
         return dest
     url, listed = file_info(project, filename)
     if sha256 and listed != sha256:
         raise OverlayError(f"the package index lists {filename} with sha256 {listed}, not the pinned {sha256}.")
-    return _fetch(project, filename, url, listed, dest_dir)
+    return _fetch(project, filename, url, listed, dest_dir, kind)
+
+
+#: How the output names a kept release record.
+_SAID = buildcache.Said("release record", "asking the index again")
 
 
 def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib.Path:
@@ -113,7 +118,7 @@ def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib
     the index's file list the first time; afterwards, while the cached file
     still has the sha256 recorded then, none."""
     inputs = {"index": index_url(), "project": canonicalize_name(project), "version": version}
-    entry = buildcache.Entry(dest_dir / f"{canonicalize_name(project)}-{version}.release.json", buildcache.key(inputs), who=project,
+    entry = buildcache.Entry(dest_dir / f"{canonicalize_name(project)}-{version}.release.json", cachekeys.key(inputs), who=project,
                              kind="releases", one_file=True)
 
     def check(record: dict[str, Any]) -> pathlib.Path:
@@ -123,19 +128,19 @@ def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib
         return wheel
 
     with entry.locked():
-        kept = entry.reuse(check)  # none, or a damaged one (said): ask the index
+        kept = entry.reuse(check, _SAID)  # none, or a damaged one (said): ask the index
     if kept is not None:
         return kept
     listing = files(project)
     filename = _pure_wheel(listing, project, version)
     url, listed = _info(listing, project, filename)
-    wheel = _fetch(project, filename, url, listed, dest_dir)
+    wheel = _fetch(project, filename, url, listed, dest_dir, "releases")
     with entry.locked():
         entry.make(lambda _: {**inputs, "filename": filename, "sha256": listed})
     return wheel
 
 
-def _fetch(project: str, filename: str, url: str, listed: str, dest_dir: pathlib.Path) -> pathlib.Path:
+def _fetch(project: str, filename: str, url: str, listed: str, dest_dir: pathlib.Path, kind: str) -> pathlib.Path:
     """`filename` in `dest_dir` with the sha256 the index lists: the cached
     copy if it has it, else downloaded from `url` and checked. The download
     is staged beside it (`FILENAME.<8 hex>`) under the file's cache lock, so
@@ -143,7 +148,8 @@ def _fetch(project: str, filename: str, url: str, listed: str, dest_dir: pathlib
     dest = dest_dir / filename
     if dest.is_file() and sha256_file(dest) == listed:
         return dest
-    with buildcache.locked(dest, who=project):
+    # The cache's entry of the download: named by the file, checked by the sha256 the index lists.
+    with buildcache.Entry(dest, listed, who=project, kind=kind).locked():
         if dest.is_file() and sha256_file(dest) == listed:  # another build downloaded it meanwhile
             return dest
         with step(project, f"downloading {filename}"), staged_path(dest) as tmp, open(tmp, "wb") as out:

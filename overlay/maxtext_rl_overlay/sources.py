@@ -24,8 +24,8 @@ from . import buildcache, gittree, options
 from .errors import OverlayError, TimedOut
 from .git import git, inside_package, reason, tree_entries
 from .git import out as gitout
+from .output import step
 from .pins import Pin
-from .progress import step
 from .staging import scratch_dir
 
 
@@ -85,6 +85,10 @@ def _resolve_git_dir(path: pathlib.Path) -> pathlib.Path:
 TREE = "tree"
 
 
+#: How the output names a kept source tree.
+_SAID = buildcache.Said("source tree", "making it again")
+
+
 def _entry(cache: pathlib.Path, pin: Pin, tree: str) -> buildcache.Entry:
     """A source's cache entry, `sources/<dist>-<tree id>`: found by the tree id of what it was made from."""
     return buildcache.Entry(cache / "sources" / f"{pin.distribution}-{tree}", tree, who=pin.distribution, kind="sources")
@@ -107,7 +111,7 @@ def _reusable(entry: buildcache.Entry) -> bool:
             raise buildcache.Damaged
         return True
 
-    return entry.reuse(check) is not None
+    return entry.reuse(check, _SAID) is not None
 
 
 def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str) -> Source:
@@ -244,10 +248,11 @@ def _from_network(pin: Pin, cache: pathlib.Path) -> Source:
     flag = f"--source {pin.distribution}=PATH"
     if shutil.which("git") is None:
         raise OverlayError(f"{pin.distribution}: no source given and git is not installed to fetch {pin.repository} at {pin.commit}. Pass {flag}.")
-    mirror = _ensure(cache / "git") / f"{pin.distribution}.git"
-    with buildcache.locked(mirror, who=pin.distribution):
-        _fetch_pinned(pin, mirror, flag)
-    return _from_git(pin, mirror, cache, origin=pin.repository)
+    mirror = buildcache.Entry(_ensure(cache / "git") / f"{pin.distribution}.git", f"{pin.distribution}.git", who=pin.distribution,
+                              kind="git")
+    with mirror.locked():
+        _fetch_pinned(pin, mirror.path, flag)
+    return _from_git(pin, mirror.path, cache, origin=pin.repository)
 
 
 def _fetch_pinned(pin: Pin, mirror: pathlib.Path, flag: str) -> None:

@@ -25,8 +25,8 @@ What is atomic, and where:
 - An index and its constraints file are two names, in two folders: no
   single operation replaces both. The file is renamed right after the
   folder's swap (before the old folder is removed), and a record written
-  before the swap (begin_pair) lets the next build finish a publication a
-  kill cut between the two (finish_pair): until then a reader can see the
+  before the swap (publication.begin_pair) lets the next build finish a
+  publication a kill cut between the two (publication.finish_pair): until then a reader can see the
   new index with the old constraints file, for a window of two system calls.
 - Durability against a lost machine (power, a host crash; a SIGKILL needs
   none of this): a published folder's files and folders, and every staged
@@ -76,8 +76,6 @@ import ctypes
 import dataclasses
 import errno
 import functools
-import hashlib
-import json
 import os
 import pathlib
 import re
@@ -90,7 +88,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import interrupts
+from . import interrupts, output
 from .errors import OverlayError
 
 #: What a staging folder's name adds to its destination's.
@@ -146,7 +144,7 @@ def staged_dir(dest: pathlib.Path, *, replace: str | None = None, mode: int | No
 
 
 def _after_swap(folder: pathlib.Path, then: Callable[[], None] | None) -> None:
-    _sync_dir(folder)  # the swap on the disk
+    sync_dir(folder)  # the swap on the disk
     if then is not None:
         then()
 
@@ -239,7 +237,7 @@ def recover(dest: pathlib.Path) -> list[str]:
             found.append(path.name)
             path.unlink(missing_ok=True)
     if found:
-        print(f"maxtext-rl-overlay: cleared what a stopped run left beside {dest}: {', '.join(found)}", file=sys.stderr, flush=True)
+        output.say(f"cleared what a stopped run left beside {dest}: {', '.join(found)}")
     return found
 
 
@@ -256,10 +254,10 @@ def sync_tree(root: pathlib.Path) -> None:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-        _sync_dir(pathlib.Path(folder))
+        sync_dir(pathlib.Path(folder))
 
 
-def _sync_dir(folder: pathlib.Path) -> None:
+def sync_dir(folder: pathlib.Path) -> None:
     """fsync a folder: the names in it (a rename into it) reach the disk."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -481,7 +479,7 @@ def remove_tree(path: pathlib.Path) -> bool:
             if attempt + 1 < REMOVE_TRIES:
                 time.sleep(REMOVE_PAUSE)
         reason = f": {errors[0]}" if errors else ""
-        print(f"maxtext-rl-overlay: warning: could not remove {path}{reason}; remove it by hand.", file=sys.stderr, flush=True)
+        output.warn(f"could not remove {path}{reason}; remove it by hand.")
         return False
 
 
@@ -515,7 +513,7 @@ def staged_file(path: pathlib.Path, data: str | bytes, *, owner: FileOwner | Non
             check_replaceable_file(path, owner)
         with cannot_write(path):
             os.replace(tmp, path)
-            _sync_dir(path.parent)
+            sync_dir(path.parent)
 
 
 @contextlib.contextmanager
@@ -544,7 +542,7 @@ def staged_path(path: pathlib.Path) -> Iterator[pathlib.Path]:
                 os.close(fd)
         with interrupts.held():
             os.replace(tmp, path)
-            _sync_dir(path.parent)
+            sync_dir(path.parent)
 
 
 def copy_atomically(src: pathlib.Path, dest: pathlib.Path) -> None:
@@ -562,7 +560,7 @@ def remove_file(path: pathlib.Path) -> None:
     """Remove a file (a record whose removal is a commit point), its
     folder then flushed: a lost machine does not find it again."""
     path.unlink(missing_ok=True)
-    _sync_dir(path.parent)
+    sync_dir(path.parent)
 
 
 @contextlib.contextmanager
@@ -587,67 +585,3 @@ def _create_beside(path: pathlib.Path) -> tuple[int, str]:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
         except FileExistsError:
             continue
-
-
-# -- a folder and a file published together --------------------------------
-
-#: The record of a publication in progress, beside its file: `.NAME.publishing`.
-_JOURNAL = ".publishing"
-
-
-def _journal(path: pathlib.Path) -> pathlib.Path:
-    return path.parent / f".{path.name}{_JOURNAL}"
-
-
-def begin_pair(folder: pathlib.Path, mark: str, digest: str, staged: pathlib.Path, path: pathlib.Path) -> None:
-    """Record, before a folder is swapped in and the file `staged` renamed
-    to `path` after it, what the new folder is: its file `mark` has the
-    sha256 `digest`. The two renames cannot be one; a run killed between
-    them leaves this record, and the next run (finish_pair) moves the file
-    into place if the folder is the new one, so that the pair is whole
-    again before anything else is written."""
-    record = {"folder": str(folder), "mark": mark, "sha256": digest, "staged": staged.name}
-    write_atomically(_journal(path), json.dumps(record, sort_keys=True) + "\n")
-
-
-def end_pair(path: pathlib.Path) -> None:
-    """The publication begun by begin_pair is whole: its record goes."""
-    with interrupts.held(raise_after=False):
-        _journal(path).unlink(missing_ok=True)
-        _sync_dir(path.parent)
-
-
-def finish_pair(folder: pathlib.Path, path: pathlib.Path) -> str | None:
-    """Complete a publication of `folder` and `path` that a killed run
-    began (begin_pair) and did not end: if `folder` is the new one, the
-    staged file is moved to `path`; otherwise the folder is still the old
-    one, and so is the file. Returns what was done (None: nothing was
-    pending). Only for a caller holding the lock of `path` (no other run
-    can be publishing to it)."""
-    journal = _journal(path)
-    try:
-        record = json.loads(journal.read_text())
-        staged = path.parent / str(record["staged"])
-        folder = pathlib.Path(str(record["folder"]))  # the run's own (this one's --out may be another)
-        new = _sha256(folder / str(record["mark"])) == record["sha256"]
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        new = False  # a record cut short: written before anything was moved
-        staged = path.parent / "-"
-    if new and staged.is_file():
-        os.replace(staged, path)
-        _sync_dir(path.parent)
-        done = f"{path} moved into place after the index {folder}: a run was stopped between the two"
-    else:
-        done = f"{folder} and {path} are the previous run's, whole"
-    journal.unlink(missing_ok=True)
-    print(f"maxtext-rl-overlay: a stopped publication was completed: {done}.", file=sys.stderr, flush=True)
-    return done
-
-
-def _sha256(path: pathlib.Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None

@@ -15,18 +15,17 @@ import pathlib
 import re
 import shlex
 import shutil
-import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import indexpages, options, proc, reports, staging, tables
+from . import indexpages, options, output, proc, reports, staging, tables
 from .errors import ExitCode, OverlayError
 from .indexpages import STANDIN_OVERRIDES
 from .options import refuse_unknown
+from .output import step
 from .pins import load_project
-from .progress import step
 
 #: Where the suite runs: "cpu" simulates the 8 chips of a TPU v6e-8, "tpu" is one.
 Platform = Literal["cpu", "tpu"]
@@ -314,7 +313,7 @@ def _run_cell(root: pathlib.Path, constraints: pathlib.Path, work: pathlib.Path,
         with step(cell.name, "maxtext-rl-overlay verify"):
             verified = proc.run([str(venv / "bin" / "maxtext-rl-overlay"), "verify"], env=env, inherit_env=False, cwd=work,
                                 check=False, who=cell.name, what="maxtext-rl-overlay verify")
-        print(verified.stdout + verified.stderr, file=sys.stderr, flush=True)
+        output.relay(verified.stdout + verified.stderr, who=cell.name)
         for run_name, run_env in cell.runs.items():
             label = run_label(cell.name, run_name)
             result = CellResult(label, "yes" if verified.returncode == 0 else "NO")

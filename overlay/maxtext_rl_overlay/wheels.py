@@ -19,12 +19,12 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, gittree, tomledit
+from . import buildcache, cachekeys, gittree, tomledit
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
 from .digest import sha256_file
 from .errors import OverlayError
+from .output import step
 from .proc import run
-from .progress import step
 from .staging import scratch_dir
 
 #: Bumped when what a kept wheel's record says changes.
@@ -172,7 +172,7 @@ def wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: st
     what it holds), its torch and CUDA, and the compilers the build finds
     there (the wheels built in one compile: vLLM's); the compiler and linker
     flags the user set; the tool itself, which sets the rest."""
-    compiler = None if build_env is None else buildcache.compiler_identity(dict(os.environ, **build_env.env, **env))
+    compiler = None if build_env is None else cachekeys.compiler_identity(dict(os.environ, **build_env.env, **env))
     return {
         "format": WHEEL_CACHE_FORMAT,
         "tree": gittree.tree_id(tree),
@@ -182,13 +182,17 @@ def wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: st
         "build_env": None if build_env is None else {"key": build_env.root.name, "torch": build_env.torch, "cuda": build_env.cuda},
         "compiler": compiler,
         "build_constraints": hashlib.sha256(BUILD_CONSTRAINTS.read_bytes()).hexdigest(),
-        "uv": buildcache.uv_identity(python if build_env is None else str(build_env.python)),
-        "tool": buildcache.tool_digest(),
+        "uv": cachekeys.uv_identity(python if build_env is None else str(build_env.python)),
+        "tool": cachekeys.tool_digest(),
     }
 
 
+#: How the output names a kept wheel.
+_SAID = buildcache.Said("wheel", "building afresh")
+
+
 def _entry(cache: pathlib.Path, inputs: dict[str, Any], who: str) -> buildcache.Entry:
-    key = buildcache.key(inputs)
+    key = cachekeys.key(inputs)
     return buildcache.Entry(cache / "wheels" / key, key, who=who, kind="wheels")
 
 
@@ -203,7 +207,7 @@ def kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Pat
             raise buildcache.Damaged
         return wheel
 
-    wheel = entry.reuse(check)
+    wheel = entry.reuse(check, _SAID)
     if wheel is None:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -216,4 +220,4 @@ def kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Pat
 def keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path, who: str) -> None:
     """Keep `wheel` for these inputs (a full or read-only cache: said, and the build goes on)."""
     _entry(cache, inputs, who).store({"wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs},
-                                     lambda staged: shutil.copyfile(wheel, staged / wheel.name))
+                                     lambda staged: shutil.copyfile(wheel, staged / wheel.name), said=_SAID)

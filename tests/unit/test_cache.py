@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import buildcache, buildenv
+from maxtext_rl_overlay import buildcache, buildenv, cachekeys
 from maxtext_rl_overlay.errors import OverlayError
 from support import ROOT
 
@@ -239,7 +239,7 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
     compiles again, as a cold one would; a pure-Python wheel's key is not."""
     from maxtext_rl_overlay import wheels
 
-    monkeypatch.setattr(buildcache, "uv_version", lambda: "uv 0.0.0 (fake)")
+    monkeypatch.setattr(cachekeys, "uv_version", lambda: "uv 0.0.0 (fake)")
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "setup.py").write_text("")
@@ -250,14 +250,14 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
         for name in ("cc", "c++", "gcc-13"):
             (bin_dir / name).write_text(f"#!/bin/sh\necho '{name} (fake) {version}'\n")
             (bin_dir / name).chmod(0o755)
-        buildcache.compiler_version.cache_clear()  # a new run of the tool
+        cachekeys.compiler_version.cache_clear()  # a new run of the tool
 
     build_env = buildenv.BuildEnv(tmp_path / "buildenv" / "k", pathlib.Path(sys.executable), {"PATH": str(bin_dir)}, "2.11.0", "")
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
 
     def key(with_env: buildenv.BuildEnv | None = build_env) -> str:
-        return buildcache.key(wheels.wheel_inputs(tree, {}, "0", sys.executable, with_env))
+        return cachekeys.key(wheels.wheel_inputs(tree, {}, "0", sys.executable, with_env))
 
     compilers("12.2.0")
     before, pure = key(), key(None)
@@ -298,3 +298,21 @@ def test_a_damaged_kept_wheel_is_said_removed_and_built_afresh(tmp_path, capsys,
     assert wheels.kept_wheel(cache, inputs, tmp_path / "again", "x") is None
     assert f"[x] ignoring a damaged kept wheel {entry.name[:12]}: building afresh" in capsys.readouterr().err
     assert not entry.exists(), "removed: the build keeps its new wheel there"
+
+
+def test_every_kind_is_an_entry_and_only_a_kind_with_records_keeps_them(tmp_path):
+    """A git mirror and a download are Entries (their lock is an entry's)
+    without records: they are checked by what names them, so the
+    record-keeping refuses them; a folder that is no kind is refused."""
+    said = buildcache.Said("thing", "making it again")
+    mirror = buildcache.Entry(tmp_path / "git" / "x.git", "x.git", who="x", kind="git")
+    assert mirror.lock_path == tmp_path / buildcache.LOCKS / "git" / "x.git.lock"
+    with mirror.locked():
+        assert mirror.lock_path.exists()
+    with pytest.raises(ValueError, match="records"):
+        mirror.reuse(lambda record: record, said)
+    with pytest.raises(ValueError, match="records"):
+        mirror.store({}, said=said)
+    with pytest.raises(ValueError, match="not a kind"):
+        buildcache.Entry(tmp_path / "other" / "x", "x", who="x", kind="other")
+    assert said.damaged("k" * 64) == "ignoring a damaged kept thing kkkkkkkkkkkk: making it again"

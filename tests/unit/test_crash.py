@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import staging
+from maxtext_rl_overlay import publication, staging
 
 MARK = "MARK"
 
@@ -24,7 +24,7 @@ MARK = "MARK"
 #: file beside it, as a build publishes them, and SIGKILL itself at `point`.
 CHILD = textwrap.dedent('''
     import contextlib, os, pathlib, signal, sys
-    from maxtext_rl_overlay import staging
+    from maxtext_rl_overlay import publication, staging
     top, point, exchange = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
     def die(at):
         if at == point:
@@ -44,7 +44,7 @@ CHILD = textwrap.dedent('''
         return real_remove(path)
     staging.remove_tree = remove
     # As build.py publishes an index and its constraints file:
-    staging.finish_pair(top / "dist", top / "constraints.txt")
+    publication.finish_pair(top / "dist", top / "constraints.txt")
     staging.recover(top / "constraints.txt")
     with contextlib.ExitStack() as after:
         with staging.staged_dir(top / "dist", replace="MARK", then=after.close) as new:
@@ -52,10 +52,10 @@ CHILD = textwrap.dedent('''
             (new / "new").write_text("new")
             (new / "SHA256SUMS").write_text("new")
             die("staging")
-            after.callback(staging.end_pair, top / "constraints.txt")
+            after.callback(publication.end_pair, top / "constraints.txt")
             staged = after.enter_context(staging.staged_file(top / "constraints.txt", "new"))
             die("staged")
-            staging.begin_pair(top / "dist", "SHA256SUMS", staging._sha256(new / "SHA256SUMS"), staged, top / "constraints.txt")
+            publication.begin_pair(top / "dist", "SHA256SUMS", publication._sha256(new / "SHA256SUMS"), staged, top / "constraints.txt")
             die("recorded")
 ''')
 
@@ -114,7 +114,7 @@ def test_a_kill_at_any_instant_leaves_old_or_new_and_the_next_run_clears_the_res
     else:
         assert (dist, text) in (OLD, NEW), (dist, text)
     # What the next run does first, under the same locks: the pair whole again, the leftovers cleared.
-    staging.finish_pair(top / "dist", top / "constraints.txt")
+    publication.finish_pair(top / "dist", top / "constraints.txt")
     staging.recover(top / "dist")
     staging.recover(top / "constraints.txt")
     assert _state(top) in (OLD, NEW)

@@ -9,8 +9,8 @@ from typing import NotRequired, TypedDict
 from .. import buildcache, sources
 from ..errors import OverlayError
 from ..git import git, out
+from ..output import step
 from ..pins import Pin, load_project
-from ..progress import step
 from . import upstream
 from .options import RebaseOptions
 from .state import Paths

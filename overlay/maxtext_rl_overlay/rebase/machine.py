@@ -20,8 +20,8 @@ import time
 from .. import buildcache, patchfile, sources
 from ..errors import OverlayError
 from ..git import git, out
+from ..output import step
 from ..pins import DISTRIBUTIONS, Pin, load_project
-from ..progress import step
 from . import apply, export, state, upstream
 from .fasttests import run_fast_tests
 from .options import RebaseOptions

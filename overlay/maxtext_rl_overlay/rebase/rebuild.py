@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 
 from ..errors import OverlayError
-from ..progress import step
+from ..output import step
 
 
 def rebuild(root: pathlib.Path, who: str, what: str, sources: dict[str, str], cache: str, standins: bool, *,

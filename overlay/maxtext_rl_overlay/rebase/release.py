@@ -182,6 +182,10 @@ class ReleaseReport:
         return self.stopped or not self.tests_ok
 
 
+#: What this run is called where one is in progress (state.RunFolder.in_progress_error's one phrase).
+WHAT = "a rebase --maxtext"
+
+
 def in_progress(root: pathlib.Path) -> bool:
     """Whether a `rebase --maxtext` is in progress (the command line asks)."""
     return state.release_run(root.resolve()).in_progress()
@@ -192,7 +196,7 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
     root = opts.project_root.resolve()
     own = state.release_run(root)
     if own.in_progress():
-        raise own.in_progress_error(own.load().aborting, "a rebase --maxtext")
+        raise own.in_progress_error(own.load().aborting, WHAT)
     distribution = state.distribution_run(root)
     if distribution.in_progress():
         raise distribution.in_progress_error(distribution.load().aborting)
@@ -219,7 +223,7 @@ def resume(root: pathlib.Path) -> ReleaseReport:
     own = state.release_run(root)
     run = own.load()
     if run.aborting:
-        raise own.in_progress_error(aborting=True, what="a rebase --maxtext")
+        raise own.in_progress_error(aborting=True, what=WHAT)
     return _advance(root, run, time.monotonic())
 
 

@@ -34,11 +34,11 @@ import enum
 import json
 import pathlib
 import shutil
-import sys
 import types
 import typing
 from typing import Any, Generic, Literal, Self, TypeVar
 
+from .. import output
 from ..errors import OverlayError
 from ..staging import recover, remove_file, remove_tree, write_atomically
 
@@ -253,8 +253,8 @@ class RunFolder(Generic[R]):
         is as before that run or as after it. (With the record, the run is in
         progress: the caller refuses to start.)"""
         if self.stale():
-            print(f"maxtext-rl-overlay: cleared {self.folder}: left over from a rebase stopped before its start was recorded or after "
-                  "its end was (it held no record); the project is as before that rebase or as after it.", file=sys.stderr, flush=True)
+            output.say(f"cleared {self.folder}: left over from a rebase stopped before its start was recorded or after "
+                       "its end was (it held no record); the project is as before that rebase or as after it.")
             if not remove_tree(self.folder):
                 raise OverlayError(f"{self.folder} could not be removed: remove it by hand, then start again.")
 

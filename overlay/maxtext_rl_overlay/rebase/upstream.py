@@ -11,8 +11,8 @@ import shutil
 from .. import buildcache
 from ..errors import OverlayError
 from ..git import git, inside_package, lock_file, missing_blobs, out, reason
+from ..output import step
 from ..pins import Pin
-from ..progress import step
 from ..staging import copy_atomically
 
 

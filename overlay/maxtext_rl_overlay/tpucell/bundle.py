@@ -42,8 +42,8 @@ from .. import buildcache, options, probes, proc, sources
 from ..digest import sha256_file
 from ..environment import TARGET_PLATFORM, TARGET_PYTHON
 from ..errors import ExitCode, OverlayError
+from ..output import step
 from ..pins import load_project
-from ..progress import step
 from ..staging import check_replaceable, scratch_dir, staged_dir
 from . import host, hostindex
 

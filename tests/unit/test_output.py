@@ -1,0 +1,72 @@
+"""The output channel: one form for every line a person reads on stderr,
+-v held there, and a sink a test can swap (output.captured)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from maxtext_rl_overlay import output, proc, staging
+from maxtext_rl_overlay.progress import step as old_step
+
+
+def test_every_kind_of_line_has_its_prefix():
+    with output.captured() as got:
+        output.note("vllm", "building")
+        output.say("cleared what a stopped run left")
+        output.warn("could not remove x")
+        output.warn("not built: vllm", who="build")
+        output.relay("one\n\ntwo\n", who="cell")
+    assert got.lines == [
+        "[vllm] building",
+        "maxtext-rl-overlay: cleared what a stopped run left",
+        "maxtext-rl-overlay: warning: could not remove x",
+        "[build] warning: not built: vllm",
+        "[cell] | one",
+        "[cell] | ",
+        "[cell] | two",
+    ]
+
+
+def test_a_step_says_its_start_and_its_end_and_the_old_name_is_the_same(capsys):
+    assert old_step is output.step
+    with output.captured() as got:
+        with output.step("x", "working"):
+            pass
+        with pytest.raises(RuntimeError), output.step("x", "breaking"):
+            raise RuntimeError
+    assert got.lines[0] == "[x] working ..." and got.lines[1].startswith("[x] working: done in ")
+    assert got.lines[2] == "[x] breaking ..." and got.lines[3].startswith("[x] breaking: failed after ")
+    assert capsys.readouterr().err == "", "captured lines are not written"
+
+
+def test_without_a_capture_lines_go_to_stderr_and_stdout_stays_for_results(capsys):
+    output.note("x", "hello")
+    assert capsys.readouterr() == ("", "[x] hello\n")
+
+
+def test_a_line_of_the_run_as_a_whole_goes_through_the_channel(tmp_path):
+    dest = tmp_path / "result"
+    (tmp_path / "result.0123abcd").write_text("a killed run's staged copy")
+    with output.captured() as got:
+        staging.recover(dest)
+        staging.recover(dest)  # nothing left: nothing said
+    assert got.lines == [f"maxtext-rl-overlay: cleared what a stopped run left beside {dest}: result.0123abcd"]
+
+
+def test_verbose_is_the_channels_and_a_capture_can_set_it_for_its_block():
+    assert not output.verbose()
+    with output.captured(verbose=True) as got:
+        assert output.verbose()
+        proc.run([sys.executable, "-c", "print('hi')"], who="demo", what="greeting", log=True)
+    assert not output.verbose(), "put back after the block"
+    assert got.lines[0].startswith("[demo] $ ") and "[demo] | hi" in got.lines, got.lines
+    proc.set_verbose(True)  # the CLI's call: the same switch
+    try:
+        assert output.verbose()
+    finally:
+        proc.set_verbose(False)
+    with output.captured() as quiet:
+        proc.run([sys.executable, "-c", "print('hi')"], who="demo", what="greeting", log=True)
+    assert quiet.lines == [], "without -v no command is echoed"
