@@ -19,7 +19,7 @@ process-wide state):
             tpu-inference series reverse-applied (support/fixes/unpatched.py's
             `unpatched_package`), first on the child's PYTHONPATH; the child
             checks that it is what it imported. Where jax's make_mesh makes
-            Explicit axes (jax >= 0.11) the pin's runner cannot start (its
+            Explicit axes (jax 0.11 here; 0.10.2 on a v5e too) the pin's runner cannot start (its
             device_indexes mesh is Explicit: ShardingTypeError), so there the
             backport of 984b29c49 (the Auto mesh) stays in, and the output says so.
 
@@ -179,10 +179,17 @@ def prompts(count: int, vocab: int) -> list[list[int]]:
     return [[1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(*PROMPT_LENGTHS) - 1)] for _ in range(count)]
 
 
-def jax_makes_explicit_meshes() -> bool:
-    """Whether the installed jax's make_mesh defaults to Explicit axes (0.11 and later), read without importing jax."""
-    major, minor = (int(x) for x in importlib.metadata.version("jax").split(".")[:2])
-    return (major, minor) >= (0, 11)
+def jax_makes_explicit_meshes(python: str) -> bool:
+    """Whether the engines' jax's make_mesh defaults to Explicit axes, asked
+    of that jax in a process of its own on the CPU (this process keeps off
+    the chips). Not a version test: 0.10.2 on a v5e already does, and the
+    pin's runner died there in the sampler's top_k (ShardingTypeError)."""
+    program = "import jax; print(jax.make_mesh((1,), ('x',)).axis_types[0])"
+    done = subprocess.run([python, "-c", program], env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                          timeout=300, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"bench-decode: could not ask {python}'s jax for make_mesh's axes: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip().splitlines()[-1].endswith("Explicit")
 
 
 def run_engine(name: str, python: str, request: dict[str, Any], work: pathlib.Path, shadow: pathlib.Path | None,
@@ -222,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path, help="write the results here")
     parser.add_argument("--keep", type=pathlib.Path, help="work in this folder and keep it (logs, the upstream copy)")
     parser.add_argument("--upstream", type=pathlib.Path, metavar="DIR",
-                        help="a folder holding the pin's tpu_inference, made where git is (this host may lack it)")
+                        help="a folder holding the pin's tpu_inference, made where git is (this host may lack it) by "
+                             "support.fixes.unpatched.unpatched_package, with backport-984b29c49 kept where the host's "
+                             "make_mesh is Explicit (the pin's runner cannot start on that mesh)")
     args = parser.parse_args(argv)
     if args.child:
         return child(pathlib.Path(args.child[0]), pathlib.Path(args.child[1]))
@@ -242,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         + ("CPU simulation of a TPU v6e-8 (8 CPU devices, Pallas kernels interpreted)" if args.cpu_simulation
            else "this machine's devices (each engine process says which below)")
         + f"; model {args.model}, batches {batches}, {args.tokens} tokens, greedy, {args.repeats} repeats")
-    keep = MESH_BACKPORT if jax_makes_explicit_meshes() else None
+    keep = MESH_BACKPORT if jax_makes_explicit_meshes(args.python) else None
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
         work = args.keep or pathlib.Path(tmp)
         work.mkdir(parents=True, exist_ok=True)

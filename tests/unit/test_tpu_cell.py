@@ -179,6 +179,21 @@ def test_the_stand_ins_are_active_only_where_named(tmp_path):
     assert wrong.returncode != 0 and "unknown stand-in(s) sockets" in wrong.stderr
 
 
+def test_a_killed_steps_libtpu_lockfile_is_removed_only_where_no_process_holds_a_chip(tmp_path, monkeypatch):
+    """libtpu's lockfile outlives a step killed past its bound, and the next
+    step's process then cannot open the chip (seen on a v5e): the cell removes
+    it, but never while a process holds a TPU device file."""
+    lockfile = tmp_path / "libtpu_lockfile"
+    assert not host.clear_stale_libtpu_lock(lockfile), "no lockfile: nothing to remove"
+    lockfile.write_text("")
+    monkeypatch.setattr(host, "chip_holders", lambda: [4242])
+    assert not host.clear_stale_libtpu_lock(lockfile) and lockfile.exists()
+    monkeypatch.setattr(host, "chip_holders", lambda: [])
+    assert host.clear_stale_libtpu_lock(lockfile) and not lockfile.exists()
+    monkeypatch.undo()
+    assert os.getpid() not in host.chip_holders(), "this process holds no TPU device file"
+
+
 @pytest.mark.tpu
 def test_the_cell_on_a_chip():
     """On a TPU cell host only (run.sh's steps there: verify, smoke,

@@ -15,7 +15,9 @@ again on the host, as are its JAX and its index. The bundle holds:
 - wheels/: the release's wheels (vLLM rebuilt for the host's Python where
   the release's is built for another, from the same source and series) and
   every wheel of requirements.txt the host's index lacks; SHA256SUMS;
-- tests/ (the checkout's), upstream/ (tpu-inference's sampler and
+- tests/ with the checkout's pyproject.toml and patches/ beside it (the
+  tests read the matrix from pyproject and make upstream's version of an
+  installed module by reverse-applying the series), upstream/ (tpu-inference's sampler and
   ragged-paged-attention kernel tests at the pin), stand-ins/ (the host
   stand-ins, active only where named), cell.py (with host_facts.py, its probe) and run.sh.
 """
@@ -400,7 +402,13 @@ def _wheel_from_sdist(name: str, version: str, dest: pathlib.Path, env: dict[str
 
 
 def _copy_tests(root: pathlib.Path, staging: pathlib.Path) -> None:
-    shutil.copytree(root / "tests", staging / "tests", ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+    """tests/ and what it reads from the checkout: pyproject.toml (the
+    matrix, support.fixes.matrix) and patches/ (support.fixes.unpatched, the
+    benchmarks' upstream side)."""
+    ignore = shutil.ignore_patterns("__pycache__", ".pytest_cache")
+    shutil.copytree(root / "tests", staging / "tests", ignore=ignore)
+    shutil.copytree(root / "patches", staging / "patches", ignore=ignore)
+    shutil.copy2(root / "pyproject.toml", staging / "pyproject.toml")
 
 
 def _copy_upstream_tests(opts: BundleOptions, staging: pathlib.Path) -> None:

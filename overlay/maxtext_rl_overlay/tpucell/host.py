@@ -42,6 +42,8 @@ STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
 #: The variable that names the active stand-ins for sitecustomize.py.
 STAND_INS_VARIABLE = "MRL_HOST_STAND_INS"
 INSTALLED = ".mrl-tpu-cell-installed"
+#: Where libtpu keeps its multi-process lock (its own error message names it).
+LIBTPU_LOCKFILE = pathlib.Path("/tmp/libtpu_lockfile")
 #: cell.json's format (docs/reports.md); a report folder holding another is refused, not mixed.
 CELL_REPORT_VERSION = 1
 
@@ -235,6 +237,8 @@ class Cell:
                 rc, timed_out = child.wait(), True
         seconds = round(time.monotonic() - began, 1)
         tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+        if timed_out and clear_stale_libtpu_lock():
+            tail.append(f"tpu-cell: removed {LIBTPU_LOCKFILE}: the killed step's, no process holds a chip")
         result: dict[str, Any] = {"rc": rc, "seconds": seconds, "timed_out": timed_out, "command": " ".join(cmd), "tail": tail}
         if junit is not None and junit.is_file():
             result["tests"] = junit_counts(junit)
@@ -341,6 +345,32 @@ def read_report(path: pathlib.Path, facts: dict[str, Any]) -> CellDocument:
     report: CellDocument = found  # type: ignore[assignment]
     report["release"], report["bundle_python"], report["bundle_jax"] = fresh["release"], fresh["bundle_python"], fresh["bundle_jax"]
     return report
+
+
+def chip_holders() -> list[int]:
+    """The processes that hold one of this host's TPU device files open."""
+    holders = []
+    for fd_dir in pathlib.Path("/proc").glob("[0-9]*/fd"):
+        try:
+            targets = [os.readlink(fd) for fd in fd_dir.iterdir()]
+        except OSError:  # gone, or not ours to read
+            continue
+        if any(t.startswith(("/dev/accel", "/dev/vfio/")) for t in targets):
+            holders.append(int(fd_dir.parent.name))
+    return holders
+
+
+def clear_stale_libtpu_lock(lockfile: pathlib.Path | None = None) -> bool:
+    """libtpu leaves its lockfile behind when its process is killed, and the
+    next process on the chip then fails to start ("Internal error when
+    accessing libtpu multi-process lockfile"); a step past its bound is killed
+    with SIGKILL. Remove the file where no process holds a chip any more
+    (what libtpu's own message asks a person to do); True if it was removed."""
+    lockfile = lockfile or LIBTPU_LOCKFILE
+    if not lockfile.exists() or chip_holders():
+        return False
+    lockfile.unlink(missing_ok=True)
+    return True
 
 
 def junit_counts(path: pathlib.Path) -> dict[str, int]:
