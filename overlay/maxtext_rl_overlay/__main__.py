@@ -22,7 +22,7 @@ from typing import Any
 # Every stage at module level: none imports jax, torch or transformers at
 # import time (smoke's engine and references import them in the processes
 # they start), so --help stays fast.
-from . import __version__, build, buildcache, interrupts, lint, proc, sources, staging, testmatrix, verify
+from . import __version__, build, buildcache, interrupts, lint, output, sources, staging, testmatrix, verify
 from .errors import ExitCode, OverlayError, UsageError
 from .indexpages import base_url
 from .options import named_source, project_root
@@ -295,22 +295,22 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)  # a wrong command line exits here, with USAGE
     try:
-        proc.set_verbose(args.verbose)
+        output.set_verbose(args.verbose)
         code = int(args.func(args.options(args)))
         interrupts.check()  # one that came during the last cleanup
         return code
     except UsageError as exc:
         args.parser.print_usage(sys.stderr)
-        print(f"{args.parser.prog}: error: {exc}", file=sys.stderr)
+        output.emit(f"{args.parser.prog}: error: {exc}")  # argparse's own form, after its usage line
         return exc.status
     except OverlayError as exc:
-        print(f"maxtext-rl-overlay: error: {exc}", file=sys.stderr)
+        output.say(f"error: {exc}")
         return exc.status
     except KeyboardInterrupt:
         if interrupts.published():
-            print("maxtext-rl-overlay: interrupted after the results were published, whole.", file=sys.stderr)
+            output.say("interrupted after the results were published, whole.")
         else:
-            print("maxtext-rl-overlay: interrupted; nothing was published.", file=sys.stderr)
+            output.say("interrupted; nothing was published.")
         return ExitCode.INTERRUPTED
     except Exception as exc:
         if isinstance(exc, OSError) and exc.errno in staging.NO_SPACE:
@@ -318,15 +318,15 @@ def _run(argv: list[str] | None) -> int:
             where = exc.filename2 if exc.filename2 is not None else exc.filename
             why = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
             path = os.fsdecode(where) if where is not None else "the output, the cache (MRL_CACHE_DIR) or the temporary folder (TMPDIR)"
-            print(f"maxtext-rl-overlay: error: {why}: cannot write {path}. Free space on its filesystem, or name another place.", file=sys.stderr)
+            output.say(f"error: {why}: cannot write {path}. Free space on its filesystem, or name another place.")
             return ExitCode.ERROR
         # Anything else is a bug: said so, in one line unless -v.
         if args.verbose:
             traceback.print_exc()
         said = str(exc).strip().splitlines()
-        print(f"maxtext-rl-overlay: unexpected error: {type(exc).__name__}" + (f": {said[0]}" if said else ""), file=sys.stderr)
-        print("maxtext-rl-overlay: this is a bug in maxtext-rl-overlay; please report it, with the output of the same "
-              "command run with -v (which shows the traceback).", file=sys.stderr)
+        output.say(f"unexpected error: {type(exc).__name__}" + (f": {said[0]}" if said else ""))
+        output.say("this is a bug in maxtext-rl-overlay; please report it, with the output of the same "
+                   "command run with -v (which shows the traceback).")
         return ExitCode.INTERNAL
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ marker, then the text.
   `maxtext-rl-overlay: `, as the command line's own error lines do.
 - A warning (something to act on that does not stop the run) has the marker
   `warning: ` after either prefix (`warn(text, who=...)`).
+- A command's NO verdict and what to do about it (`verify: NO - ...`,
+  `smoke: NO - ...`), said on stderr so that a script sees the failure
+  beside the status, starts with the command's name: `verdict(line)`. The
+  command line's own errors are lines about the run (`say("error: ...")`).
 - Another program's output relayed to the person (the -v stream of a long
   step, a cell's verify report) is the prefix then `| ` before each of its
   lines, and under -v each command is echoed as the prefix then `$ `.
@@ -70,6 +74,12 @@ def note(who: str, text: str) -> None:
 def say(text: str) -> None:
     """A line about the run as a whole: `maxtext-rl-overlay: text`."""
     emit(f"{prefix()}{text}")
+
+
+def verdict(line: str) -> None:
+    """A command's verdict for the person (a NO and what to do), already led
+    by the command's name (`verify: NO - ...`): written as it is."""
+    emit(line)
 
 
 def warn(text: str, *, who: str = "") -> None:

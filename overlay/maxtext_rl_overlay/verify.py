@@ -33,7 +33,7 @@ import sys
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest, probes, proc, reports, staging, tables
+from . import manifest, output, probes, proc, reports, staging, tables
 from .digest import sha256_file
 from .errors import OverlayError, TimedOut
 from .manifest import Manifest
@@ -529,9 +529,9 @@ def print_verdict(verdict: Verdict) -> None:
     if verdict.ok:
         print(f"\n{verdict.line}")
         return
-    print(f"\n{verdict.line}", file=sys.stderr)
+    output.verdict(f"\n{verdict.line}")
     for line in verdict.explanation:
-        print(f"  {line}", file=sys.stderr)
+        output.verdict(f"  {line}")
 
 
 def json_document(verdict: Verdict | None) -> reports.VerifyDocument:

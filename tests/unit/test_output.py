@@ -70,3 +70,18 @@ def test_verbose_is_the_channels_and_a_capture_can_set_it_for_its_block():
     with output.captured() as quiet:
         proc.run([sys.executable, "-c", "print('hi')"], who="demo", what="greeting", log=True)
     assert quiet.lines == [], "without -v no command is echoed"
+
+
+def test_the_command_lines_errors_and_verdicts_go_through_the_channel(tmp_path, capsys):
+    """What the CLI itself says on stderr (an error, a NO verdict) is the
+    channel's too: a test that swaps the sink sees it, stdout holds none of it."""
+    from maxtext_rl_overlay.__main__ import main
+
+    with output.captured() as got:
+        status = main(["lint", "--project", str(tmp_path)])
+    assert status != 0
+    assert got.lines and got.lines[0].startswith("maxtext-rl-overlay: error: ") and "pyproject.toml" in got.lines[0], got.lines
+    with output.captured() as got:
+        output.verdict("smoke: NO - 1 check(s) failed")
+    assert got.lines == ["smoke: NO - 1 check(s) failed"]
+    assert capsys.readouterr().err == ""

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import sys
 
-from .. import reports, staging, tables
+from .. import output, reports, staging, tables
 from ..errors import ExitCode
 from . import checks
 from .cpu_simulation import NOTICE
@@ -110,16 +109,16 @@ def command(opts: SmokeOptions) -> int:
         report = smoke(opts)
     except CannotRun as exc:
         write(exc)
-        print(f"smoke: cannot run here: {exc}", file=sys.stderr)
+        output.verdict(f"smoke: cannot run here: {exc}")
         return exc.status
     except BrokenStack as exc:
         write(exc)
-        print(f"smoke: NO - the installed stack is broken: {exc}", file=sys.stderr)
+        output.verdict(f"smoke: NO - the installed stack is broken: {exc}")
         return exc.status
     print(render(report))
     write(report)
     if report.failed:
-        print(f"\n{verdict(report)}", file=sys.stderr)
+        output.verdict(f"\n{verdict(report)}")
         return ExitCode.CHECK_FAILED
     print(f"\n{verdict(report)}")
     return ExitCode.OK
