@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import output, proc, staging
-from maxtext_rl_overlay.progress import step as old_step
 
 
 def test_every_kind_of_line_has_its_prefix():
@@ -29,8 +28,7 @@ def test_every_kind_of_line_has_its_prefix():
     ]
 
 
-def test_a_step_says_its_start_and_its_end_and_the_old_name_is_the_same(capsys):
-    assert old_step is output.step
+def test_a_step_says_its_start_and_its_end(capsys):
     with output.captured() as got:
         with output.step("x", "working"):
             pass

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import probes, proc
 from ..errors import CheckFailed, ExitCode, OverlayError, TimedOut
-from ..progress import step
+from ..output import step
 from . import checks, configurations, maxtext_model, tiny_llama
 from .checks import Check
 from .configurations import EngineConfiguration
