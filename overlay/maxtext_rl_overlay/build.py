@@ -188,8 +188,10 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             # With --base-url it names the index by that URL instead.
             made_by = _made_by(opts, project, entries, out, constraints_path)
             (staging / "constraints.txt").write_text(constraintsfile.constraints_text(closure, sums, base or ".", notes=notes, env=env,
-                                                                                      location=base or "", made_by=made_by, inputs=inputs))
-            text = constraintsfile.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs)
+                                                                                      location=base or "", made_by=made_by, inputs=inputs,
+                                                                                      made_from=overlay.project))
+            text = constraintsfile.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs,
+                                                    made_from=overlay.project)
             after_the_index.callback(end_pair, constraints_path)  # last: once the file is in place (or removed)
             staged = after_the_index.enter_context(staged_file(constraints_path, text))
             # Again, before the index moves (a refusal after it would leave a mix): the file may have changed meanwhile.

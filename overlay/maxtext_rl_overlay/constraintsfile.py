@@ -17,6 +17,7 @@ from . import inputdigests
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
+from .manifest import ProjectRecord
 from .staging import FileOwner
 
 #: The first line of every constraints file the tool writes: what lets a
@@ -35,10 +36,12 @@ UV_CHECKS_CONSTRAINT_HASHES = "0.5.3"
 
 
 def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Environment, location: str = "",
-                     made_by: tuple[str, ...] = (), inputs: Mapping[str, str] | None = None) -> str:
+                     made_by: tuple[str, ...] = (), inputs: Mapping[str, str] | None = None,
+                     made_from: ProjectRecord | None = None) -> str:
     """constraints.txt: how it was made (`made_by`: the build command, its
     sources, uv's version, the tool's digest; `inputs`: input_digests() of
-    the project it was built from), the index lines, then every pin with
+    the project it was built from; `made_from`: the project commit the
+    overlay's wheel records), the index lines, then every pin with
     uv's `# via` annotations; an overlay wheel's line carries exactly its own
     sha256, whatever the resolver printed."""
     ours = {}
@@ -72,7 +75,7 @@ def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: s
         f"# Resolved for Python {TARGET_PYTHON} on {TARGET_PLATFORM} (a TPU VM), with {env.maxtext}",
         f"# under its {env.constraints_origin.split(':', 1)[1]} ({env.constraints_origin.split(':', 1)[0]}).",
         *(f"# {line}" for line in made_by),
-        *(f"# {line}" for line in (inputdigests.header_lines(inputs) if inputs else ())),
+        *(f"# {line}" for line in (inputdigests.header_lines(inputs, made_from) if inputs else ())),
         f"--find-links {find_links}",
         *(f"--find-links {link}" for link in env.torch.find_links),
     ]

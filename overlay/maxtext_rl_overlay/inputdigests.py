@@ -16,11 +16,15 @@ from collections.abc import Iterable, Mapping
 
 from . import buildenv, overlayfiles
 from .digest import sha256_file
+from .manifest import ProjectRecord
 from .pins import Project
 
 #: The part of input_digests() that is the overlay's own wheel.
 OVERLAY = "maxtext-rl-overlay"
 INPUTS_TITLE = "Inputs, sha256 of the files each is made from (tests/unit recomputes them from the checkout):"
+#: The header's line naming the project commit the overlay's own wheel
+#: records (its manifest does, so the wheel's sha256 depends on it).
+MADE_FROM = "The overlay's own wheel records the project commit "
 
 
 def input_digests(project: Project, names: Iterable[str], overlay_files: Iterable[str] | None = None) -> dict[str, str]:
@@ -47,14 +51,29 @@ def _files_digest(root: pathlib.Path, files: Iterable[pathlib.Path]) -> str:
     return hashlib.sha256("".join(rows).encode()).hexdigest()
 
 
-def header_lines(inputs: Mapping[str, str]) -> list[str]:
-    """The lines of a constraints file's header that record `inputs` (input_digests()), as recorded_inputs reads them back."""
+def header_lines(inputs: Mapping[str, str], made_from: ProjectRecord | None = None) -> list[str]:
+    """The lines of a constraints file's header that record `inputs`
+    (input_digests()) and the project commit the overlay's wheel records
+    (`made_from`, overlayfiles.overlay_inputs' `project`), as
+    recorded_inputs and recorded_commit read them back."""
     own = "its own wheel: " + ", ".join(f"{n}/" if n == "overlay" else n for n in overlayfiles.OVERLAY_INPUTS)
     lines = [INPUTS_TITLE]
     for part, sha in inputs.items():
         what = own if part == OVERLAY else f"patches/{part}/: pin.toml, series, patches, {buildenv.TOOLCHAIN_FILE} if any"
         lines.append(f"  {part}: {sha} ({what})")
+    if made_from:
+        dirty = f", with uncommitted changes to {' '.join(made_from.dirty)}" if made_from.dirty else ""
+        lines.append(f"{MADE_FROM}{made_from.commit}{dirty}")
     return lines
+
+
+def recorded_commit(text: str) -> ProjectRecord | None:
+    """The project commit a constraints file's header says the overlay's wheel records (None where it names none)."""
+    for line in text.splitlines():
+        m = re.fullmatch(rf"# {re.escape(MADE_FROM)}([0-9a-f]{{40}})(?:, with uncommitted changes to (.+))?", line)
+        if m:
+            return ProjectRecord(m.group(1), tuple(m.group(2).split()) if m.group(2) else ())
+    return None
 
 
 def recorded_inputs(text: str) -> dict[str, str]:
@@ -85,9 +104,26 @@ def stale_constraints(text: str, project: Project) -> str:
         why = [f"{part} is not among its inputs" for part in now if part not in recorded]
         why += [f"{part} changed since it was made" for part in now if recorded.get(part, now[part]) != now[part]]
         why += [f"it records {part}, which the project does not have" for part in recorded if part not in now]
+        why += _commit_moved(recorded_commit(text), project)
     if not why:
         return ""
     return f"constraints.txt is stale: {'; '.join(why)}. Make it again, from the checkout, as it was made:\n" + regenerate_command(text)
+
+
+def _commit_moved(made_from: ProjectRecord | None, project: Project) -> list[str]:
+    """Why the overlay's wheel would differ from the one a constraints file
+    pins though its files have not changed: the wheel records the project
+    commit (and the files uncommitted then), so a file made before its
+    overlay files were committed, or at another of their commits, pins a
+    wheel the checkout no longer builds. Where the checkout cannot say (no
+    git, a shallow clone), nothing."""
+    now = overlayfiles.overlay_inputs(project.root, say=False).project
+    if made_from is None or now is None or not now.commit or now == made_from:
+        return []
+    if made_from.dirty and not now.dirty:
+        return [f"it was made before the changes to {', '.join(made_from.dirty)} were committed (the overlay's wheel records the commit it was made from)"]
+    said = [f"{r.commit[:12]}" + (f" with {', '.join(r.dirty)} uncommitted" if r.dirty else "") for r in (now, made_from)]
+    return [f"the overlay's wheel records the project commit: it is {said[0]} now, not {said[1]}"]
 
 
 def regenerate_command(text: str) -> str:

@@ -15,7 +15,7 @@ import sys
 import pytest
 from packaging.version import Version
 
-from maxtext_rl_overlay import closures, constraintsfile, inputdigests
+from maxtext_rl_overlay import closures, constraintsfile, inputdigests, manifest, overlayfiles
 from maxtext_rl_overlay.environment import Environment, Torch
 from maxtext_rl_overlay.pins import load_project
 from support import ROOT
@@ -190,3 +190,53 @@ def test_a_stale_constraints_file_names_what_changed_and_the_command_that_makes_
         "Make it again, from the checkout, as it was made:\n" + command)
     assert inputdigests.stale_constraints(_header(None, made_by=()), project).endswith(
         "\n  scripts/build-wheels.sh  (its header does not say how it was made: give the sources and flags it needs)")
+
+
+def test_a_constraints_file_made_before_the_overlays_files_were_committed_is_stale(checkout):
+    """The overlay's wheel records the project commit that last changed its
+    files (its manifest), so its sha256 moves with that commit even where
+    no file's content does: a file made from uncommitted files, or at
+    another commit, pins a wheel the checkout no longer builds."""
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=checkout, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    project = load_project(checkout)
+    made_from = overlayfiles.overlay_inputs(checkout, say=False).project
+    assert made_from is not None and not made_from.dirty
+    header = constraintsfile.constraints_text("", {}, "./dist", notes=[], env=_env(()), made_by=MADE_BY,
+                                              inputs=inputdigests.input_digests(project, project.pins), made_from=made_from)
+    assert f"\n# {inputdigests.MADE_FROM}{made_from.commit}\n" in header
+    assert inputdigests.recorded_commit(header) == made_from
+    assert inputdigests.stale_constraints(header, project) == ""
+    dirty = header.replace(made_from.commit, made_from.commit + ", with uncommitted changes to README.md overlay/x.py")
+    assert inputdigests.recorded_commit(dirty) == manifest.ProjectRecord(made_from.commit, ("README.md", "overlay/x.py"))
+    assert inputdigests.stale_constraints(dirty, project).startswith(
+        "constraints.txt is stale: it was made before the changes to README.md, overlay/x.py were committed "
+        "(the overlay's wheel records the commit it was made from). Make it again")
+    readme = checkout / "README.md"
+    saved = readme.read_text()
+    readme.write_text(saved + "x\n")
+    git("commit", "-qam", "two")
+    readme.write_text(saved)
+    git("commit", "-qam", "three: the files as they were, at a new commit")
+    now = overlayfiles.overlay_inputs(checkout, say=False).project
+    assert now is not None and now.commit != made_from.commit
+    assert inputdigests.stale_constraints(header, project).startswith(
+        f"constraints.txt is stale: the overlay's wheel records the project commit: it is {now.commit[:12]} now, "
+        f"not {made_from.commit[:12]}. Make it again")
+    git("commit", "-q", "--allow-empty", "-m", "four: changes none of them")
+    assert inputdigests.stale_constraints(header.replace(made_from.commit, now.commit), project) == ""
+    # Made from uncommitted files and read before they are committed (a
+    # rebase --build's fast tests): the wheel the checkout builds now is the one it pins.
+    (checkout / "LICENSE").write_text((checkout / "LICENSE").read_text() + "x\n")
+    while_dirty = overlayfiles.overlay_inputs(checkout, say=False).project
+    assert while_dirty == manifest.ProjectRecord(now.commit, ("LICENSE",))
+    made_dirty = constraintsfile.constraints_text("", {}, "./dist", notes=[], env=_env(()), made_by=MADE_BY,
+                                                  inputs=inputdigests.input_digests(project, project.pins), made_from=while_dirty)
+    assert inputdigests.stale_constraints(made_dirty, project) == ""
+    git("commit", "-qam", "five: LICENSE committed")
+    assert inputdigests.stale_constraints(made_dirty, project).startswith(
+        "constraints.txt is stale: it was made before the changes to LICENSE were committed (the overlay's wheel records the commit it was made from). ")

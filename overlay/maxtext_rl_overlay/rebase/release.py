@@ -304,6 +304,10 @@ def _end(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseReport:
                      + "".join(f"\n  {t} left out: constraints.txt is stale until rebuilt" for t in tests.deselected))
     lines.append(f"time: {run.seconds + time.monotonic() - began:.1f}s")
     given = " ".join(f"--source {n}={p}" for n, p in sorted(run.sources.items()))
-    lines.append(f"Review with `git diff -- patches pyproject.toml constraints.txt` in {root} and commit together"
-                 + ("." if run.build else f"; first rebuild constraints.txt: scripts/build-wheels.sh {given}".rstrip() + "."))
+    # pyproject.toml is one of the overlay wheel's files, and the wheel
+    # records the commit that last changed them: constraints.txt pins the
+    # committed tree's wheel only when built after that commit.
+    lines.append(f"Review with `git diff -- patches pyproject.toml` in {root} and commit it; then rebuild constraints.txt from "
+                 f"that commit (scripts/build-wheels.sh {given}".rstrip() + ") and commit it: the overlay's wheel records the commit "
+                 "that last changed pyproject.toml" + (", so the one --build made pins the uncommitted tree's." if run.build else "."))
     return ReleaseReport("\n\n".join(lines), tests_ok=ok)
