@@ -5,16 +5,20 @@ Each is a module of its own, standard library only, so that it runs before
 the stack is known to import, and in an environment that may not hold this
 package at all (verify's tests ask a bare venv; the TPU cell's host runs its
 probe before anything is installed). They are started by their file's path,
-never with `-m` (which would need maxtext_rl_overlay importable there); each
-puts "" first on sys.path, as `python -c` does, so that a plain import in the
-child sees what the user's `python -c "import ..."` sees (the current
-directory first), not this folder."""
+never with `-m` (which would need maxtext_rl_overlay importable there), and
+through `python -c` (RUN), so that sys.path is what the user's
+`python -c "import ..."` sees (the current directory first), not this
+folder: a probe's sibling must never shadow a module it asks about."""
 
 from __future__ import annotations
 
 import pathlib
 
 HERE = pathlib.Path(__file__).resolve().parent
+#: `python -c RUN FILE ARGS...` runs FILE as __main__ with argv [FILE, ARGS...]
+#: and sys.path as `python -c` has it (run_path adds no folder for a file).
+#: tpucell/host.py, which must not import this package, says it again.
+RUN = "import runpy, sys; sys.argv[:] = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
 def command(python: str, probe: str, *args: str) -> list[str]:
@@ -23,4 +27,4 @@ def command(python: str, probe: str, *args: str) -> list[str]:
     path = HERE / f"{probe}.py"
     if not path.is_file():
         raise ValueError(f"no probe named {probe!r} in {HERE}")
-    return [python, str(path), *args]
+    return [python, "-c", RUN, str(path), *args]

@@ -10,19 +10,10 @@ imported by the tool."""
 
 import importlib
 import json
-import os
 import sys
 
 
-def as_python_c() -> None:
-    """sys.path as `python -c` has it: "" (the current directory) first in
-    place of this file's folder, which running a file by path puts there."""
-    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
-        sys.path[0] = ""
-
-
 def main() -> None:
-    as_python_c()
     errors: dict[str, str] = {}
     backend = None
     for name in sys.argv[2:]:

@@ -9,20 +9,11 @@ Standard library only, Python 3.11: the bundle carries it beside cell.py
 import importlib
 import importlib.metadata as md
 import json
-import os
 import sys
 from typing import Any
 
 
-def as_python_c() -> None:
-    """sys.path as `python -c` has it: "" (the current directory) first in
-    place of this file's folder, which running a file by path puts there."""
-    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
-        sys.path[0] = ""
-
-
 def main() -> None:
-    as_python_c()
     out: dict[str, Any] = {"python": sys.version.split()[0], "distributions": {}}
     for d in md.distributions():
         name = (d.metadata["Name"] or "").lower()

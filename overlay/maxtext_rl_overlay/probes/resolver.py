@@ -25,13 +25,6 @@ import types
 from typing import Any
 
 
-def as_python_c() -> None:
-    """sys.path as `python -c` has it: "" (the current directory) first in
-    place of this file's folder, which running a file by path puts there."""
-    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
-        sys.path[0] = ""
-
-
 def canon(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -110,7 +103,6 @@ def leftovers(versions: dict[str, str], packages: dict[str, str]) -> list[list[s
 
 
 def main() -> None:
-    as_python_c()
     asked = json.loads(sys.argv[1])
     out: dict[str, list[list[str]]] = {"modules": [], "leftovers": []}
     for module, dist, version, relpath in asked["modules"]:

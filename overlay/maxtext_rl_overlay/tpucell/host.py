@@ -97,6 +97,8 @@ def _pins(path: pathlib.Path) -> dict[str, str]:
 #: (cell.py): run with the host's python and a step's PYTHONPATH, it says what
 #: is installed where and, asked, jax's devices.
 FACTS = "host_facts.py"
+#: How a probe runs: as `python -c` would see the path (probes.RUN; this file stands alone on the host).
+RUN_PROBE = "import runpy, sys; sys.argv[:] = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
 class Cell:
@@ -127,7 +129,7 @@ class Cell:
     def host_facts(self, devices: bool) -> dict[str, Any]:
         """The host's Python, what its own PYTHONPATH holds (JAX), and its chips."""
         env = dict(os.environ, PYTHONPATH=self.host_path)
-        done = subprocess.run([self.python, str(self.bundle / FACTS), "1" if devices else "0"], env=env, capture_output=True, text=True,
+        done = subprocess.run([self.python, "-c", RUN_PROBE, str(self.bundle / FACTS), "1" if devices else "0"], env=env, capture_output=True, text=True,
                               timeout=300)
         try:
             found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -302,7 +304,7 @@ class Cell:
         """What this host runs that differs from the release's closure."""
         release = _pins(self.bundle / "release-closure.txt")
         env = self.env()
-        done = subprocess.run([self.python, str(self.bundle / FACTS), "0"], env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run([self.python, "-c", RUN_PROBE, str(self.bundle / FACTS), "0"], env=env, capture_output=True, text=True, timeout=300)
         try:
             installed = {_normal(n): v for n, (v, _) in json.loads(done.stdout.strip().splitlines()[-1])["distributions"].items()}
         except (IndexError, ValueError):
