@@ -97,27 +97,28 @@ def stale_constraints(text: str, project: Project) -> str:
     command that makes it again as it was made; "" when every input it
     records (all the project's pins and the overlay) is unchanged."""
     recorded = recorded_inputs(text)
-    now = input_digests(project, project.pins)
+    overlay = overlayfiles.overlay_inputs(project.root, say=False)  # read once: its files and its commit
+    now = input_digests(project, project.pins, overlay.files)
     if not recorded:
         why = ["its header records no digest of its inputs (it was made by an older tool)"]
     else:
         why = [f"{part} is not among its inputs" for part in now if part not in recorded]
         why += [f"{part} changed since it was made" for part in now if recorded.get(part, now[part]) != now[part]]
         why += [f"it records {part}, which the project does not have" for part in recorded if part not in now]
-        why += _commit_moved(recorded_commit(text), project)
+        why += _commit_moved(recorded_commit(text), overlay.project)
     if not why:
         return ""
     return f"constraints.txt is stale: {'; '.join(why)}. Make it again, from the checkout, as it was made:\n" + regenerate_command(text)
 
 
-def _commit_moved(made_from: ProjectRecord | None, project: Project) -> list[str]:
+def _commit_moved(made_from: ProjectRecord | None, now: ProjectRecord | None) -> list[str]:
     """Why the overlay's wheel would differ from the one a constraints file
     pins though its files have not changed: the wheel records the project
     commit (and the files uncommitted then), so a file made before its
     overlay files were committed, or at another of their commits, pins a
-    wheel the checkout no longer builds. Where the checkout cannot say (no
-    git, a shallow clone), nothing."""
-    now = overlayfiles.overlay_inputs(project.root, say=False).project
+    wheel the checkout no longer builds. `now`: the checkout's record
+    (overlayfiles.overlay_inputs); where it cannot say (no git, a shallow
+    clone), nothing."""
     if made_from is None or now is None or not now.commit or now == made_from:
         return []
     if made_from.dirty and not now.dirty:

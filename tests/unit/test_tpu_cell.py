@@ -208,3 +208,8 @@ def test_the_cell_on_a_chip():
 
     if jax.default_backend() != "tpu":
         pytest.skip("needs a TPU: would have run the TPU cell's steps on the chip and checked cell.json")
+
+
+def test_the_host_runs_its_probe_as_the_tool_runs_probes():
+    """tpucell/host.py stands alone on the host and says probes.RUN again: the two must not drift."""
+    assert host.RUN_PROBE == probes.RUN
