@@ -126,6 +126,11 @@ def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumu
     # A second call (a later chip call): install is skipped, the report keeps the first call's steps.
     again = cell("--steps", "install", "--host-stand-ins", "torchvision-no-ops")
     assert again.returncode == 0 and "already installed" in json.loads((report / "cell.json").read_text())["steps"]["install"]["summary"]
+    # --budget (a chip call's hard limit): a step that could not finish inside it is not started, and says so.
+    cut = cell("--steps", "verify", "--budget", "30", "--host-stand-ins", "torchvision-no-ops")
+    verify = json.loads((report / "cell.json").read_text())["steps"]["verify"]
+    assert cut.returncode == 0 and verify["rc"] is None, cut.stdout + cut.stderr
+    assert verify["summary"].startswith("not run: ") and f"of --budget left (a step needs {host.MIN_STEP_SECONDS})" in verify["summary"]
     # A bundle made for another JAX is refused, saying how to make the right one.
     env["PYTHONPATH"] = ""
     refused = cell("--steps", "install")

@@ -33,6 +33,8 @@ STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "upstream", "be
 #: Each step's own bound, seconds (--timeout overrides them all).
 TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "fixes-engines": 570, "upstream": 540, "bench": 540,
             "bench-decode": 540}
+#: Under --budget, a step with less than this left of it is not started (it could not finish).
+MIN_STEP_SECONDS = 60
 #: The part of tests/fixes whose tests start engines in processes of their
 #: own on the chips: its pytest process stays off them (one process at a
 #: time can hold a chip), the rest of the tpu_cell tests hold them in-process.
@@ -110,6 +112,8 @@ class Cell:
         self.python: str = sys.executable
         self.stand_ins: list[str] = args.host_stand_ins
         self.timeout: float | None = args.timeout
+        # --budget: the whole call's steps end inside it (a chip host's call has a hard limit).
+        self.deadline: float | None = time.monotonic() + args.budget if args.budget else None
         self.host_path = os.environ.get("PYTHONPATH", "")
         self.report_dir.mkdir(parents=True, exist_ok=True)
         (self.report_dir / "steps").mkdir(exist_ok=True)
@@ -225,7 +229,7 @@ class Cell:
     def run(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None, junit: pathlib.Path | None = None,
             cwd: pathlib.Path | None = None) -> dict[str, Any]:
         log = self.report_dir / "steps" / f"{name}.log"
-        timeout = self.timeout or TIMEOUTS[name]
+        timeout = min(self.timeout or TIMEOUTS[name], self.budget_left())
         print(f"[tpu-cell] {name}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''} (at most {timeout:.0f} s; log {log})", flush=True)
         began = time.monotonic()
         with log.open("w") as out:
@@ -252,7 +256,12 @@ class Cell:
         return self.run(name, [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}", *more, *paths],
                         env=env, junit=junit)
 
+    def budget_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
     def step(self, name: str, passthrough: list[str]) -> dict[str, Any]:
+        if (left := self.budget_left()) < MIN_STEP_SECONDS:
+            return {"rc": None, "seconds": 0.0, "summary": f"not run: {max(left, 0):.0f} s of --budget left (a step needs {MIN_STEP_SECONDS})"}
         tool = [self.python, "-m", "maxtext_rl_overlay"]
         if name == "install":
             return self.install()
@@ -420,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host-stand-ins", default="", metavar="NAME,...", help=f"the stand-ins to activate, by name: {', '.join(STAND_INS)}")
     parser.add_argument("--target", type=pathlib.Path, metavar="DIR", help="where the bundle installs (default: BUNDLE/../site)")
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="each step's bound (default: its own, under 10 minutes)")
+    parser.add_argument("--budget", type=float, metavar="SECONDS",
+                        help="the whole call's bound: each step's is cut to what is left of it, and a step with less than "
+                             f"{MIN_STEP_SECONDS} s left is not run (the report says so)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the steps N times in a row (smoke's consecutive runs): each result kept as STEP#K, K > 1")
     parser.add_argument("passthrough", nargs="*", help="after --: more arguments for the (single) step named")
