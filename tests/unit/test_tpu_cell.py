@@ -137,6 +137,30 @@ def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumu
     assert refused.returncode != 0 and "make it again with --host-jax not installed" in refused.stderr
 
 
+@needs_311
+def test_a_pytest_step_stops_before_its_bound_and_keeps_the_record_of_the_tests_it_ran(tmp_path):
+    """A pytest step that would outrun its bound is stopped by the cell's
+    plugin before the next test, not killed: its JUnit record and counts stay
+    (a killed pytest writes none)."""
+    assert PY311 is not None
+    if subprocess.run([PY311, "-c", "import pytest"], capture_output=True).returncode != 0:
+        pytest.skip(f"{PY311} has no pytest (the host's python3 has): would have checked that a step past its bound keeps its tests' record")
+    b, jax_dir, report = make_bundle(tmp_path)
+    (b / "upstream" / "tests").mkdir(parents=True)
+    (b / "upstream" / "tests" / "test_slow.py").write_text(
+        "import time, pytest\n\n@pytest.mark.parametrize('i', range(200))\ndef test_slow(i):\n    time.sleep(0.2)\n")
+    facts = json.loads((b / bundle.MARKER).read_text())
+    (b / bundle.MARKER).write_text(json.dumps(facts | {"upstream_tests": ["tests/test_slow.py"]}))
+    env = dict(os.environ, PYTHONPATH=str(jax_dir), PYTHON=PY311, PIP_NO_INDEX="", PIP_CONFIG_FILE=os.devnull)
+    for steps in (["--steps", "install"], ["--steps", "upstream", "--timeout", str(host.STOP_MARGIN_SECONDS + 10)]):
+        done = subprocess.run(["bash", str(b / "run.sh"), "--report", str(report), *steps], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 2), done.stdout + done.stderr
+    step = json.loads((report / "cell.json").read_text())["steps"]["upstream"]
+    assert not step["timed_out"] and step["rc"] == 2, (done.stdout, step)  # pytest's "interrupted", not the cell's kill
+    assert 1 <= step["tests"]["passed"] < 200 and step["tests"]["failures"] == 0, step
+    assert step["summary"].startswith(f"stopped before its bound: {step['tests']['passed']} passed"), step
+
+
 def test_an_unknown_step_or_stand_in_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit):
         host.main(["--bundle", str(tmp_path), "--report", str(tmp_path / "r"), "--steps", "verify,chip"])

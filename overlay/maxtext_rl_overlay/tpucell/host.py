@@ -229,7 +229,7 @@ class Cell:
     def run(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None, junit: pathlib.Path | None = None,
             cwd: pathlib.Path | None = None) -> dict[str, Any]:
         log = self.report_dir / "steps" / f"{name}.log"
-        timeout = min(self.timeout or TIMEOUTS[name], self.budget_left())
+        timeout = self.bound(name)
         print(f"[tpu-cell] {name}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''} (at most {timeout:.0f} s; log {log})", flush=True)
         began = time.monotonic()
         with log.open("w") as out:
@@ -247,14 +247,24 @@ class Cell:
             tail.append(f"tpu-cell: removed {LIBTPU_LOCKFILE}: the killed step's, no process holds a chip")
         result: dict[str, Any] = {"rc": rc, "seconds": seconds, "timed_out": timed_out, "command": " ".join(cmd), "tail": tail}
         if junit is not None and junit.is_file():
-            result["tests"] = junit_counts(junit)
+            result["tests"] = counts = junit_counts(junit)
+            if STOPPED in log.read_text(errors="replace"):
+                result["summary"] = (f"stopped before its bound: {counts['passed']} passed, {counts['failures'] + counts['errors']} failed, "
+                                     f"{counts['skipped']} skipped; the tests after them not run")
         return result
 
     def pytest(self, name: str, paths: list[str], extra_env: dict[str, str], *more: str) -> dict[str, Any]:
         junit = self.report_dir / "steps" / f"{name}.xml"
-        env = self.env() | extra_env
-        return self.run(name, [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}", *more, *paths],
-                        env=env, junit=junit)
+        junit.unlink(missing_ok=True)  # a killed run writes none: an earlier call's must not stand for it
+        # This file, as a pytest plugin (`-p cell`, the bundle's root is the step's folder), stops the
+        # session before a test that would not finish inside the bound: the tests run keep their record.
+        env = self.env() | extra_env | {STOP_AT_VARIABLE: str(time.time() + self.bound(name))}
+        return self.run(name, [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "cell", f"--junitxml={junit}",
+                               *more, *paths], env=env, junit=junit)
+
+    def bound(self, name: str) -> float:
+        """The step's bound: its own (or --timeout), cut to what is left of --budget."""
+        return min(self.timeout or TIMEOUTS[name], self.budget_left())
 
     def budget_left(self) -> float:
         return float("inf") if self.deadline is None else self.deadline - time.monotonic()
@@ -280,7 +290,8 @@ class Cell:
         tests = {"PYTHONPATH": self.env()["PYTHONPATH"] + os.pathsep + str(self.bundle / "tests")}
         # tests/fixes' TPU cell mode: the tests marked tpu_cell, on this host's chips, however many
         # (tests/support/fixes/matrix.py), the kernels compiled for them (no interpret mode).
-        cell = tests | {"MRL_PLATFORM": "tpu", "MRL_TPU_CHIPS": str(self.chips())}
+        if name in ("fixes", "fixes-engines"):
+            cell = tests | {"MRL_PLATFORM": "tpu", "MRL_TPU_CHIPS": str(self.chips())}
         if name == "fixes":
             return self.pytest(name, ["tests/fixes"], cell | {"MRL_QUICK": "1"}, "-m", "tpu_cell", "--ignore", ENGINE_TESTS, *passthrough)
         if name == "fixes-engines":
@@ -382,6 +393,34 @@ def clear_stale_libtpu_lock(lockfile: pathlib.Path | None = None) -> bool:
         return False
     lockfile.unlink(missing_ok=True)
     return True
+
+
+# -- as a pytest plugin in the cell's pytest steps (`-p cell`) --------------------
+
+#: When the step's bound ends (epoch seconds), for the plugin below.
+STOP_AT_VARIABLE = "MRL_TPU_CELL_STOP_AT"
+#: What the plugin stops a session with (pytest prints it; the step's summary reads it).
+STOPPED = "tpu-cell: stopped before the step's bound"
+#: A test is started only where the bound leaves the longest test so far this much more.
+STOP_MARGIN_SECONDS = 10.0
+_longest_test = 0.0
+_test_began = 0.0
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    global _test_began
+    _test_began = time.time()
+
+
+def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
+    """Stop the session where the next test, as long as the longest so far,
+    would run past the step's bound: killed there, pytest would write no record."""
+    global _longest_test
+    now = time.time()
+    _longest_test = max(_longest_test, now - _test_began)
+    stop_at = float(os.environ.get(STOP_AT_VARIABLE, "inf"))
+    if nextitem is not None and stop_at - now < _longest_test + STOP_MARGIN_SECONDS:
+        item.session.shouldstop = f"{STOPPED}: {stop_at - now:.0f} s left, the longest test took {_longest_test:.0f} s"
 
 
 def junit_counts(path: pathlib.Path) -> dict[str, int]:
