@@ -101,14 +101,24 @@ def make_bundle(tmp_path: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, pat
     return b, jax_dir, tmp_path / "report"
 
 
+def run_cell(b: pathlib.Path, report: pathlib.Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """The bundle's run.sh, as the host runs it."""
+    return subprocess.run(["bash", str(b / "run.sh"), "--report", str(report), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def host_env(jax_dir: pathlib.Path) -> dict[str, str]:
+    """The stand-in host: Python 3.11, the stand-in JAX on PYTHONPATH, no package index but the bundle's."""
+    assert PY311 is not None
+    return dict(os.environ, PYTHONPATH=str(jax_dir), PYTHON=PY311, PIP_NO_INDEX="", PIP_CONFIG_FILE=os.devnull)
+
+
 @needs_311
 def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumulates(tmp_path):
     b, jax_dir, report = make_bundle(tmp_path)
-    assert PY311 is not None
-    env = dict(os.environ, PYTHONPATH=str(jax_dir), PYTHON=PY311, PIP_NO_INDEX="", PIP_CONFIG_FILE=os.devnull)
+    env = host_env(jax_dir)
 
     def cell(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(b / "run.sh"), "--report", str(report), *args], env=env, capture_output=True, text=True, timeout=300)
+        return run_cell(b, report, env, *args)
 
     done = cell("--steps", "install", "--host-stand-ins", "torchvision-no-ops")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -151,9 +161,10 @@ def test_a_pytest_step_stops_before_its_bound_and_keeps_the_record_of_the_tests_
         "import time, pytest\n\n@pytest.mark.parametrize('i', range(200))\ndef test_slow(i):\n    time.sleep(0.2)\n")
     facts = json.loads((b / bundle.MARKER).read_text())
     (b / bundle.MARKER).write_text(json.dumps(facts | {"upstream_tests": ["tests/test_slow.py"]}))
-    env = dict(os.environ, PYTHONPATH=str(jax_dir), PYTHON=PY311, PIP_NO_INDEX="", PIP_CONFIG_FILE=os.devnull)
-    for steps in (["--steps", "install"], ["--steps", "upstream", "--timeout", str(host.STOP_MARGIN_SECONDS + 10)]):
-        done = subprocess.run(["bash", str(b / "run.sh"), "--report", str(report), *steps], env=env, capture_output=True, text=True, timeout=300)
+    env = host_env(jax_dir)
+    installed = run_cell(b, report, env, "--steps", "install")
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    done = run_cell(b, report, env, "--steps", "upstream", "--timeout", str(host.STOP_MARGIN_SECONDS + 10))
     assert done.returncode in (0, 2), done.stdout + done.stderr
     step = json.loads((report / "cell.json").read_text())["steps"]["upstream"]
     assert not step["timed_out"] and step["rc"] == 2, (done.stdout, step)  # pytest's "interrupted", not the cell's kill

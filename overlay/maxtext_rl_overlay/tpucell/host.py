@@ -227,9 +227,10 @@ class Cell:
     # -- the steps -------------------------------------------------------------
 
     def run(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None, junit: pathlib.Path | None = None,
-            cwd: pathlib.Path | None = None) -> dict[str, Any]:
+            cwd: pathlib.Path | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """`timeout`: the step's bound where the caller has read it already (self.bound)."""
         log = self.report_dir / "steps" / f"{name}.log"
-        timeout = self.bound(name)
+        timeout = timeout or self.bound(name)
         print(f"[tpu-cell] {name}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''} (at most {timeout:.0f} s; log {log})", flush=True)
         began = time.monotonic()
         with log.open("w") as out:
@@ -258,9 +259,11 @@ class Cell:
         junit.unlink(missing_ok=True)  # a killed run writes none: an earlier call's must not stand for it
         # This file, as a pytest plugin (`-p cell`, the bundle's root is the step's folder), stops the
         # session before a test that would not finish inside the bound: the tests run keep their record.
-        env = self.env() | extra_env | {STOP_AT_VARIABLE: str(time.time() + self.bound(name))}
+        # One reading of the bound for both: the plugin's stop and the cell's kill.
+        timeout = self.bound(name)
+        env = self.env() | extra_env | {STOP_AT_VARIABLE: str(time.time() + timeout)}
         return self.run(name, [self.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "cell", f"--junitxml={junit}",
-                               *more, *paths], env=env, junit=junit)
+                               *more, *paths], env=env, junit=junit, timeout=timeout)
 
     def bound(self, name: str) -> float:
         """The step's bound: its own (or --timeout), cut to what is left of --budget."""
