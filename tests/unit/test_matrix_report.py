@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from maxtext_rl_overlay import testmatrix
+from maxtext_rl_overlay.smoke import cpu_simulation
 
 
 def test_the_table_names_the_stand_ins_the_tests_recorded(tmp_path):
@@ -25,3 +26,11 @@ def test_the_table_names_the_stand_ins_the_tests_recorded(tmp_path):
     table = testmatrix.render([result, testmatrix.CellResult("other", "yes", passed=1)])
     header, row, other = table.splitlines()[:3]
     assert "stand-ins" in header and "pallas-interpret (1)" in row and other.rstrip().endswith("-"), table
+
+
+def test_the_matrix_spans_the_devices_the_cpu_simulation_makes():
+    """One chip count: the matrix's meshes and the CPU simulation's devices."""
+    assert testmatrix.DEVICES == cpu_simulation.DEVICES
+    env: dict[str, str] = {}
+    cpu_simulation.simulate_v6e_8(env)
+    assert f"--xla_force_host_platform_device_count={testmatrix.DEVICES}" in env["XLA_FLAGS"]
