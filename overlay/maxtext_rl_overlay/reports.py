@@ -15,17 +15,16 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, Literal, NotRequired, TypedDict, get_args
 
 from .errors import OverlayError
 from .staging import FileOwner
-from .tpucell.host import CELL_REPORT_VERSION, CellDocument, CellStep
 
 Kind = Literal["verify", "smoke", "test-matrix", "tpu-cell"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 #: Each kind's current report_version: what this tool writes, and the only one it reads.
-VERSIONS: dict[Kind, int] = {"verify": 1, "smoke": 1, "test-matrix": 1, "tpu-cell": CELL_REPORT_VERSION}
+VERSIONS: dict[Kind, int] = {"verify": 1, "smoke": 1, "test-matrix": 1, "tpu-cell": 1}
 
 
 class FindingDocument(TypedDict):
@@ -91,6 +90,40 @@ class MatrixDocument(TypedDict):
     platform: str
     quick: bool
     runs: list[MatrixRunDocument]
+
+
+class CellStep(TypedDict):
+    """One step's result in cell.json; `tests` where it wrote JUnit XML,
+    `summary` where the step says more than its log's last line, `failed` and
+    `cannot_run` read from smoke's own report."""
+
+    rc: int | None
+    seconds: float
+    when: str
+    stand_ins: list[str]
+    timed_out: NotRequired[bool]
+    command: NotRequired[str]
+    tail: NotRequired[list[str]]
+    tests: NotRequired[dict[str, int]]
+    summary: NotRequired[str]
+    failed: NotRequired[list[str] | None]
+    cannot_run: NotRequired[str | None]
+
+
+class CellDocument(TypedDict):
+    """cell.json: the TPU cell's report, accumulated over calls (written by
+    tpucell/host.py, which runs on the TPU host with the standard library
+    alone and so says this type and its report_version again:
+    tests/unit/test_reports.py holds the two equal)."""
+
+    report_version: int
+    kind: Literal["tpu-cell"]
+    release: str
+    bundle_python: str
+    bundle_jax: str
+    host: dict[str, Any]
+    deviations: list[str]
+    steps: dict[str, CellStep]
 
 
 #: The documents by kind, and the records they hold (docs/reports.md's tables).

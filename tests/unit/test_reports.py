@@ -109,6 +109,19 @@ def test_cell_json_round_trips_and_an_older_one_is_refused(tmp_path):
         host.read_report(path, facts)
 
 
+def test_the_cell_says_the_reports_types_and_version_again_unchanged():
+    """tpucell/host.py runs on the TPU host with the standard library alone,
+    so it cannot import reports: what it says again of cell.json's format
+    must not drift from reports' types and version."""
+    assert host.CELL_REPORT_VERSION == reports.VERSIONS["tpu-cell"]
+    for name in ("CellDocument", "CellStep"):
+        ours, its = getattr(reports, name), getattr(host, name, None)
+        if its is not None:  # host.py may name reports' types for the type checker alone
+            assert [(k, t.__forward_arg__) for k, t in its.__annotations__.items()] == \
+                [(k, t.__forward_arg__) for k, t in ours.__annotations__.items()], name
+            assert (its.__required_keys__, its.__optional_keys__) == (ours.__required_keys__, ours.__optional_keys__), name
+
+
 def test_a_reader_refuses_another_kind_or_version_in_words(tmp_path):
     text = reports.dumps(smoke_report.json_document(None, cpu_simulation=False))
     assert reports.load_report(text, "smoke")["kind"] == "smoke"
