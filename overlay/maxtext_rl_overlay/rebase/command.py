@@ -5,7 +5,7 @@ in progress."""
 
 from __future__ import annotations
 
-from ..errors import ExitCode, OverlayError
+from ..errors import ExitCode
 from . import release
 from .findbase import find_base
 from .machine import abort, resume, start
@@ -32,8 +32,7 @@ def command(request: Request) -> int:
             return ExitCode.OK
         case RebaseOptions():
             if release.in_progress(request.project_root):  # its moves are this command's too: one at a time
-                raise OverlayError("a rebase --maxtext is in progress: finish it with scripts/rebase.sh --continue or undo it with "
-                                   "scripts/rebase.sh --abort first.")
+                raise release.in_progress_error(request.project_root)
             return _done(start(request))
     print(moved.text)
     return ExitCode.CHECK_FAILED if moved.needs_action else ExitCode.OK

@@ -191,6 +191,13 @@ def in_progress(root: pathlib.Path) -> bool:
     return state.release_run(root.resolve()).in_progress()
 
 
+def in_progress_error(root: pathlib.Path) -> OverlayError:
+    """What a distribution's rebase says while a `rebase --maxtext` is in
+    progress (or its --abort was cut short): the one phrase of every run."""
+    own = state.release_run(root.resolve())
+    return own.in_progress_error(own.load().aborting, WHAT)
+
+
 def start(opts: ReleaseOptions) -> ReleaseReport:
     began = time.monotonic()
     root = opts.project_root.resolve()
