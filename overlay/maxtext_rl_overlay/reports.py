@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-from typing import Any, Literal, NotRequired, TypedDict, get_args
+from typing import Any, Literal, NotRequired, TypedDict, cast, get_args, overload
 
 from .errors import OverlayError
 from .staging import FileOwner
@@ -129,9 +129,11 @@ class CellDocument(TypedDict):
 #: The documents by kind, and the records they hold (docs/reports.md's tables).
 DOCUMENTS: dict[Kind, type] = {"verify": VerifyDocument, "smoke": SmokeDocument, "test-matrix": MatrixDocument, "tpu-cell": CellDocument}
 RECORDS: tuple[type, ...] = (FindingDocument, MatrixRunDocument, CellStep)
+#: Any kind's document.
+Document = VerifyDocument | SmokeDocument | MatrixDocument | CellDocument
 
 
-def dumps(document: VerifyDocument | SmokeDocument | MatrixDocument | CellDocument) -> str:
+def dumps(document: Document) -> str:
     """A document's text: its keys in their declared order (report_version and
     kind first, which `owner` reads), one space of indent, a final newline."""
     return json.dumps(document, indent=1) + "\n"
@@ -153,11 +155,25 @@ def owner(kind: Kind) -> FileOwner:
     return FileOwner(f"a {kind} result", f'first keys "report_version" and "kind": "{kind}"', owns)
 
 
-def load_report(source: pathlib.Path | str, kind: Kind) -> dict[str, Any]:
+@overload
+def load_report(source: pathlib.Path | str, kind: Literal["verify"]) -> VerifyDocument: ...
+@overload
+def load_report(source: pathlib.Path | str, kind: Literal["smoke"]) -> SmokeDocument: ...
+@overload
+def load_report(source: pathlib.Path | str, kind: Literal["test-matrix"]) -> MatrixDocument: ...
+@overload
+def load_report(source: pathlib.Path | str, kind: Literal["tpu-cell"]) -> CellDocument: ...
+@overload
+def load_report(source: pathlib.Path | str, kind: Kind) -> Document: ...
+
+
+def load_report(source: pathlib.Path | str, kind: Kind) -> Document:
     """The report of `kind` in the file `source` (a path) or the text
     `source` (a str), checked to be that kind at this tool's version.
     Raises OverlayError saying which: not JSON, another kind, an older or a
-    newer report_version (a consumer of another version must not misread it)."""
+    newer report_version (a consumer of another version must not misread it).
+    Typed as that kind's document: its fields are those its one writer
+    writes at that version (read as written, not checked one by one)."""
     if isinstance(source, pathlib.Path):
         where = str(source)
         try:
@@ -183,4 +199,4 @@ def load_report(source: pathlib.Path | str, kind: Kind) -> dict[str, Any]:
         which = "an older" if version < want else "a newer"
         raise OverlayError(f"{where} is {kind} report_version {version}, {which} format than this tool's ({want}): read it with the "
                            f"maxtext-rl-overlay that wrote it, or make it again with this one (docs/reports.md: versioning).")
-    return doc
+    return cast(Document, doc)

@@ -128,7 +128,7 @@ def test_smoke_that_cannot_run_leaves_its_json_saying_so_not_an_old_pass(monkeyp
     monkeypatch.setitem(run.NEEDED, "mrl_no_such_reference", "mrl-no-such-reference")
     assert cli.main(["smoke", "--cpu-simulation", "--json", str(out)]) == ExitCode.ERROR
     doc = load_report(out, "smoke")
-    assert doc["ok"] is False and doc["finished"] and "mrl-no-such-reference" in doc["cannot_run"], doc
+    assert doc["ok"] is False and doc["finished"] and "mrl-no-such-reference" in (doc["cannot_run"] or ""), doc
 
 
 def test_smoke_json_replaces_only_a_file_smoke_wrote(monkeypatch, tmp_path, capsys):
