@@ -12,7 +12,7 @@ import pytest
 from maxtext_rl_overlay import reports, testmatrix, verify
 from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.smoke import report as smoke_report
-from maxtext_rl_overlay.smoke.checks import Check as SmokeCheck
+from maxtext_rl_overlay.smoke.checks import CheckResult
 from maxtext_rl_overlay.smoke.run import BrokenStack, CannotRun, Configuration, SmokeReport
 from maxtext_rl_overlay.tpucell import host
 from support import ROOT
@@ -74,7 +74,7 @@ def test_verify_json_round_trips(tmp_path, ok):
 
 @pytest.mark.parametrize("outcome", [
     None, CannotRun("no TPU here"), BrokenStack("jax fails to import"), SmokeReport(True, []),
-    SmokeReport(False, [Configuration("llama", checks=[SmokeCheck("engine ran", False, "died")])], {"maxtext": "not installed"}),
+    SmokeReport(False, [Configuration("llama", checks=[CheckResult("engine ran", False, "died")])], {"maxtext": "not installed"}),
 ], ids=["unfinished", "cannot-run", "broken", "pass", "fail"])
 def test_smoke_json_has_one_shape_for_every_ending(tmp_path, outcome):
     out = tmp_path / "smoke.json"

@@ -101,7 +101,7 @@ def _draws(rows: int = 6, length: int = 32) -> list[list[int]]:
     return [[kept[(r * 7 + i * 3) % len(kept)] for i in range(length)] for r in range(rows)]
 
 
-def _checks(rows, logits, platform="cpu") -> dict[str, checks.Check]:
+def _checks(rows, logits, platform="cpu") -> dict[str, checks.CheckResult]:
     return {c.name: c for c in checks.sampled(rows, logits, platform)}
 
 

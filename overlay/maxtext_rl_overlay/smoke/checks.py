@@ -85,7 +85,10 @@ def after_sync() -> list[Generate]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Check:
+class CheckResult:
+    """One row of smoke's table: a check's name, pass or not, and what it saw
+    (verify's Check is another thing: the kinds of finding verify makes)."""
+
     name: str
     ok: bool
     detail: str
@@ -97,7 +100,7 @@ def at_default_precision() -> list[Generate]:
 
 
 def greedy(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], platform: str, by: str = "transformers", what: str = "greedy",
-           tolerance: float | None = None) -> list[Check]:
+           tolerance: float | None = None) -> list[CheckResult]:
     """The greedy tokens are the reference's (`by` names it) and their logprobs
     agree (within `tolerance`, by default the platform's); `what` names the checks."""
     if tolerance is None:
@@ -110,9 +113,9 @@ def greedy(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], platf
         at = next((j for j, (a, b) in enumerate(zip(outputs[i]["tokens"], reference[i]["tokens"], strict=False)) if a != b), None)
         if at is not None and "margins" in reference[i]:  # a near-tie there would be rounding, not a broken engine
             seen += f" (first apart at token {at}; there the reference's best two logprobs are {reference[i]['margins'][at]:.3f} apart)"
-        token_check = Check(f"{what} tokens", False, f"{len(wrong)} of {len(reference)} prompts differ; {seen}")
+        token_check = CheckResult(f"{what} tokens", False, f"{len(wrong)} of {len(reference)} prompts differ; {seen}")
     else:
-        token_check = Check(f"{what} tokens", True, f"{len(reference)} prompts, {tokens} tokens, as {by} decodes them")
+        token_check = CheckResult(f"{what} tokens", True, f"{len(reference)} prompts, {tokens} tokens, as {by} decodes them")
     diffs = [
         (abs(a - b), i, j, a, b)
         for i, (out, ref) in enumerate(zip(outputs, reference, strict=True))
@@ -120,11 +123,11 @@ def greedy(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], platf
         for j, (a, b) in enumerate(zip(out["logprobs"], ref["logprobs"], strict=True))
     ]
     if not diffs:
-        logprob_check = Check(f"{what} logprobs", False, "no prompt's tokens matched: nothing to compare")
+        logprob_check = CheckResult(f"{what} logprobs", False, "no prompt's tokens matched: nothing to compare")
     else:
         worst, i, j, seen, expected = max(diffs)
         where = "" if worst <= tolerance else f", at prompt {i} token {j}: engine {seen:.6f}, {by} {expected:.6f}"
-        logprob_check = Check(f"{what} logprobs", worst <= tolerance, f"max |engine - {by}| {worst:.2e} (tolerance {tolerance:.0e}){where}")
+        logprob_check = CheckResult(f"{what} logprobs", worst <= tolerance, f"max |engine - {by}| {worst:.2e} (tolerance {tolerance:.0e}){where}")
     return [token_check, logprob_check]
 
 
@@ -189,7 +192,7 @@ def _logprob_candidates(position: _Position, at: int) -> list[float]:
     return out
 
 
-def sampled(rows: list[dict[str, Any]], logits: list[list[list[float]]] | None, platform: str, by: str = "transformers") -> list[Check]:
+def sampled(rows: list[dict[str, Any]], logits: list[list[list[float]]] | None, platform: str, by: str = "transformers") -> list[CheckResult]:
     """The sampled rows of the batch. They must differ between requests
     (tpu-inference #1386 coerced top_k to 1: every rollout greedy); where the
     reference gives its logits at each drawn position (`logits`, per row and
@@ -200,7 +203,7 @@ def sampled(rows: list[dict[str, Any]], logits: list[list[list[float]]] | None, 
     ignoring top-p, or top-k, would have left with probability at least
     1 - MISS_BOUND."""
     distinct = len({tuple(r["tokens"]) for r in rows})
-    differ = Check("sampled draws differ", distinct > 1, f"{distinct} distinct of {len(rows)} requests on one prompt")
+    differ = CheckResult("sampled draws differ", distinct > 1, f"{distinct} distinct of {len(rows)} requests on one prompt")
     if logits is None:
         return [differ]
     settings = ", ".join(f"{k} {v}" for k, v in SAMPLED.items())
@@ -221,17 +224,17 @@ def sampled(rows: list[dict[str, Any]], logits: list[list[list[float]]] | None, 
                 outside.append(f"row {r} token {t}: {token}, rank {rank}{where}")
                 continue
             diffs.append(min(abs(logprob - c) for c in candidates))
-    within = Check(
+    within = CheckResult(
         "sampled within top-k, top-p",
         not outside,
         f"{draws} draws at {settings}, each in the set {whose} logits keep" if not outside
         else f"{len(outside)} of {draws} draws outside the set {whose} logits keep at {settings}; first: {outside[0]}",
     )
     worst = max(diffs) if diffs else math.inf
-    logprobs = Check("sampled logprobs", bool(diffs) and worst <= tolerance,
+    logprobs = CheckResult("sampled logprobs", bool(diffs) and worst <= tolerance,
                      f"max |engine - {whose} log-softmax over the kept set| {worst:.2e} (tolerance {tolerance:.0e}), processed logprobs"
                      if diffs else "no draw inside the kept set: nothing to compare")
-    power = Check(
+    power = CheckResult(
         "sampled draws can tell",
         max(miss_top_p, miss_top_k) <= math.log(MISS_BOUND),
         f"a sampler ignoring top-p would stay inside every kept set with probability {math.exp(miss_top_p):.1e}, "
@@ -240,29 +243,29 @@ def sampled(rows: list[dict[str, Any]], logits: list[list[list[float]]] | None, 
     return [differ, within, logprobs, power]
 
 
-def synced(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], before: list[dict[str, Any]], platform: str, by: str) -> list[Check]:
+def synced(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], before: list[dict[str, Any]], platform: str, by: str) -> list[CheckResult]:
     """After the sync, the engine decodes the second model as its reference
     does. The two models' references must differ, or an engine left with
     the first model's weights would pass."""
     differ = sum(new["tokens"] != old["tokens"] for new, old in zip(reference, before, strict=True))
     if not differ:
-        return [Check("synced model decodes apart", False, f"{by} decodes the second model as the first: the sync could not be told")]
+        return [CheckResult("synced model decodes apart", False, f"{by} decodes the second model as the first: the sync could not be told")]
     checks = greedy(outputs, reference, platform, f"{by} (second model)", what="synced greedy")
     stale = sum(out["tokens"] == old["tokens"] != new["tokens"] for out, old, new in zip(outputs, before, reference, strict=True))
     if stale:  # what was seen: the engine kept the first model's weights there
-        checks[0] = Check(checks[0].name, False, f"{checks[0].detail}; {stale} prompt(s) decode as the first model still")
+        checks[0] = CheckResult(checks[0].name, False, f"{checks[0].detail}; {stale} prompt(s) decode as the first model still")
     return checks
 
 
-def default_precision(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], compiled: int, by: str) -> list[Check]:
+def default_precision(outputs: list[dict[str, Any]], reference: list[dict[str, Any]], compiled: int, by: str) -> list[CheckResult]:
     """The synced model's greedy decode at jax's default precision, against its
     reference within DEFAULT_PRECISION_BOUND. `compiled`: the programs the
     engine compiled for it; none would mean the switch of precision reached no
     program, and the measurement would be the gate's precision again."""
     checks = greedy(outputs, reference, "tpu", f"{by} (second model)", what=DEFAULT_PRECISION, tolerance=DEFAULT_PRECISION_BOUND)
     if not compiled:
-        checks[1] = Check(checks[1].name, False, f"{checks[1].detail}; but no program compiled after the switch of precision: "
+        checks[1] = CheckResult(checks[1].name, False, f"{checks[1].detail}; but no program compiled after the switch of precision: "
                           "the engine ran at the gate's precision, not jax's default")
     else:
-        checks[1] = Check(checks[1].name, checks[1].ok, f"{checks[1].detail}, {compiled} program(s) compiled at jax's default precision")
+        checks[1] = CheckResult(checks[1].name, checks[1].ok, f"{checks[1].detail}, {compiled} program(s) compiled at jax's default precision")
     return checks

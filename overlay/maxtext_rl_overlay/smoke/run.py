@@ -22,7 +22,7 @@ from .. import probes, proc
 from ..errors import CheckFailed, ExitCode, OverlayError, TimedOut
 from ..output import step
 from . import checks, configurations, maxtext_model, tiny_llama
-from .checks import Check
+from .checks import CheckResult
 from .configurations import EngineConfiguration
 from .cpu_simulation import NOTICE
 from .protocol import Request, Result, SecondModel, step_of
@@ -68,7 +68,7 @@ class Configuration:
     precision: str = ""  # the matmul precision of the gate's generates (checks.GATE_PRECISION on a TPU)
     mesh: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
-    checks: list[Check] = dataclasses.field(default_factory=list)
+    checks: list[CheckResult] = dataclasses.field(default_factory=list)
     stand_ins: list[str] = dataclasses.field(default_factory=list)
     sync_path: str = ""  # the code that synced the second model, in words
     compiles: dict[str, tuple[int, float]] = dataclasses.field(default_factory=dict)  # step -> (programs, seconds)
@@ -215,7 +215,7 @@ def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path, maxtext: _Max
     with step("smoke", f"{name}: waiting for MaxText's references"):
         failed = maxtext.wait(opts.timeout)
     if failed:
-        return Configuration(name, checks=[Check("reference made", False, failed)])
+        return Configuration(name, checks=[CheckResult("reference made", False, failed)])
     second = folder / maxtext_model.SECOND
     first, synced = ((where, json.loads((where / "reference.json").read_text())) for where in (folder, second))
     return _configuration(opts, configurations.MAXTEXT, work, first, synced,
@@ -277,20 +277,20 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
                 what=f"the {name} engine",
             )
         except TimedOut:  # past the timeout: the process is stopped
-            config.checks.append(Check("engine ran", False, f"no result within {opts.timeout:.0f} s; it was in: {step_of(result_path)}"))
+            config.checks.append(CheckResult("engine ran", False, f"no result within {opts.timeout:.0f} s; it was in: {step_of(result_path)}"))
             return config
     if not result_path.is_file():
         tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        config.checks.append(Check("engine ran", False, f"the engine process died in: {step_of(result_path)} ({tail})"))
+        config.checks.append(CheckResult("engine ran", False, f"the engine process died in: {step_of(result_path)} ({tail})"))
         return config
     result = Result.from_json(result_path.read_text())
     config.chips, config.mesh, config.stand_ins, config.precision = result.chips, result.mesh, result.stand_ins, result.precision
     config.seconds, config.compiles = result.seconds, result.compiles
     if result.stopped is not None and not {"greedy", "sampled"} <= set(result.generates):
-        config.checks.append(Check("engine ran", False, f"stopped in {result.step}: {result.stopped}"))
+        config.checks.append(CheckResult("engine ran", False, f"stopped in {result.step}: {result.stopped}"))
         return config
     config.evidence = {"engine": result.generates, "reference": reference, "second_reference": second_reference}
-    config.checks.append(Check("engine ran", True, f"mesh {config.mesh}"))
+    config.checks.append(CheckResult("engine ran", True, f"mesh {config.mesh}"))
     config.checks += checks.greedy(result.generates["greedy"], reference, result.platform, by)
     config.sync_path = result.sync_path or ""
     greedy_rows, rows = checks.split_sampled(result.generates["sampled"])
@@ -298,16 +298,16 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
     with step("smoke", f"{name}: {by} at each sampled draw"):
         logits = score([r["tokens"] for r in rows])
     if isinstance(logits, str):
-        config.checks += [*checks.sampled(rows, None, result.platform, by), Check("sampled reference", False, logits)]
+        config.checks += [*checks.sampled(rows, None, result.platform, by), CheckResult("sampled reference", False, logits)]
     else:
         config.checks += checks.sampled(rows, logits, result.platform, by)
     if "synced" not in result.generates:  # it stopped in the sync, or in the generate after it
-        config.checks.append(Check("weight sync", False, f"stopped in {result.step}: {result.stopped}"))
+        config.checks.append(CheckResult("weight sync", False, f"stopped in {result.step}: {result.stopped}"))
         return config
     config.checks += checks.synced(result.generates["synced"], second_reference, reference, result.platform, by)
     if on_chip:
         measured = result.generates.get(checks.DEFAULT_PRECISION)
         compiled, _ = result.compiles.get(f"generate {checks.DEFAULT_PRECISION}", (0, 0.0))
         config.checks += checks.default_precision(measured, second_reference, compiled, by) if measured is not None else [
-            Check(f"{checks.DEFAULT_PRECISION} tokens", False, f"stopped in {result.step}: {result.stopped}")]
+            CheckResult(f"{checks.DEFAULT_PRECISION} tokens", False, f"stopped in {result.step}: {result.stopped}")]
     return config
