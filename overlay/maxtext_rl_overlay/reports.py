@@ -4,11 +4,11 @@ cell's cell.json. docs/reports.md documents each field and the versioning
 policy (tests/unit/test_reports.py holds the two together).
 
 Every document's first two keys are "report_version" (an int, one sequence
-per kind) and "kind". Each is written by one function of its stage
-(verify.write_json, smoke.run.write_json, testmatrix.write_json,
-tpucell/host.py's Cell.write) through `dumps`; `load_report` reads any of
-them back and refuses, in words, another kind or another version than this
-tool writes."""
+per kind) and "kind". Each is written by one function of its stage:
+verify.write_json, smoke.report.write_json and testmatrix.write_json through
+`dumps`, tpucell/host.py's Cell.write (standard library alone, on the TPU
+host) in the same form; `load_report` reads any of them back and refuses, in
+words, another kind or another version than this tool writes."""
 
 from __future__ import annotations
 
