@@ -176,6 +176,26 @@ def test_the_resolution_cutoff_has_one_spelling(value):
     assert options.cutoff_value(options.cutoff_now(), "now")
 
 
+def test_the_cutoff_command_prints_the_cutoff_and_moves_it_in_place(project):
+    """`maxtext-rl-overlay cutoff`: the one command that moves it, editing
+    only its line of pyproject.toml (the comments that explain it kept)."""
+    def cutoff(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "cutoff", *args, "--project", str(project)],
+                              capture_output=True, text=True)
+
+    before = (project / "pyproject.toml").read_text()
+    old = load_project(project).resolution_cutoff
+    assert cutoff().stdout == f"resolution-cutoff: {old}\n"
+    moved = cutoff("--set", "2026-12-05T12:00:00Z")
+    assert moved.returncode == 0 and moved.stdout.startswith(f"resolution-cutoff: {old} -> 2026-12-05T12:00:00Z in "), moved.stderr
+    assert "the build lists the pins that moved" in moved.stdout
+    assert (project / "pyproject.toml").read_text() == before.replace(f'resolution-cutoff = "{old}"', 'resolution-cutoff = "2026-12-05T12:00:00Z"')
+    refused = cutoff("--set", "2026-12-05")
+    assert refused.returncode == 2 and "'2026-12-05' is not a time in UTC written as YYYY-MM-DDTHH:MM:SSZ" in refused.stderr
+    assert load_project(project).resolution_cutoff == "2026-12-05T12:00:00Z", "a refused value changes nothing"
+    assert cutoff("--now").returncode == 0 and load_project(project).resolution_cutoff > "2026-12-05T12:00:00Z"
+
+
 def test_environment_defaults_and_checks(tmp_path):
     home = pathlib.Path("~/.cache/maxtext-rl-overlay").expanduser()
     assert options.settings({}) == options.Settings(home, False, None)
