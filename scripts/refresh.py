@@ -461,13 +461,13 @@ def _refresh(args: argparse.Namespace) -> int:
     branch, lease = _own_branch(branch_name(moves, args.today), base) if args.open else (branch_name(moves, args.today), "")
     _git("checkout", "-q", "-B", branch)
     args.work.mkdir(parents=True, exist_ok=True)
-    cutoff = [_cutoff()]
+    old_cutoff = _cutoff()
     if not any(m.args[0] == "--maxtext" for m in moves):  # a rebase --maxtext moves the cutoff itself
         from maxtext_rl_overlay.options import cutoff_now
         from maxtext_rl_overlay.pins import set_resolution_cutoff
 
         set_resolution_cutoff(ROOT, cutoff_now())
-        _commit(f"Refresh: resolution-cutoff {cutoff[0]} -> {_cutoff()}", ("pyproject.toml",))
+        _commit(f"Refresh: resolution-cutoff {old_cutoff} -> {_cutoff()}", ("pyproject.toml",))
     rebases: list[Step] = []
     for move in moves:
         sources = []
@@ -489,7 +489,7 @@ def _refresh(args: argparse.Namespace) -> int:
             _commit(BUILT, ("constraints.txt",))
             matrix = _run(list(MATRIX), shlex.join(MATRIX))
     moved = _moved_pins(base) if build is not None and build.status == 0 else None
-    pr = pull_request(moves, rebases, build, matrix, args.today, branch, cutoff=(cutoff[0], _cutoff()), moved=moved)
+    pr = pull_request(moves, rebases, build, matrix, args.today, branch, cutoff=(old_cutoff, _cutoff()), moved=moved)
     body = str(pr.pop("body"))
     if rebases[-1].status != 0:
         finish = how_to_finish(moves, rebases, build, matrix, branch)
