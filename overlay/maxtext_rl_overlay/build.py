@@ -352,7 +352,7 @@ def _compare_with_previous(path: pathlib.Path, text: str, ours: set[str]) -> Non
     was, now = constraintsfile.recorded_cutoff(previous), constraintsfile.recorded_cutoff(text)
     said = f"resolution cutoff {was or 'none'} -> {now}" if was != now else f"resolution cutoff {now}"
     step.note("constraints", f"against the file it replaces ({said}): " + (f"{len(moved)} pins moved: {'; '.join(moved)}" if moved
-                                                                             else "no pin moved but the overlay's own"))
+                                                                             else "no pin moved (the overlay's own aside)"))
 
 
 def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str, cache: pathlib.Path) -> manifest.Adapter | None:

@@ -22,8 +22,9 @@ version, the resolver's flags, and uv's own settings (UV_* variables,
 uv.toml files, [tool.uv] tables). With the cutoff in the key, a cached
 answer is what a fresh resolution gives, on any day; MRL_REFRESH=1 resolves
 afresh all the same (to see whether the registry still serves it: what the
-cutoff cannot pin is a file yanked or deleted upstream, which
-`registry_drift` names), deleting the folder clears it, and the build
+cutoff cannot pin is a file yanked or deleted upstream, which the build's
+check against the file it replaces names: build._compare_with_previous),
+deleting the folder clears it, and the build
 output says when a cached resolution was used. The torch pin check runs on
 every answer, cached or not."""
 

@@ -123,7 +123,7 @@ def test_the_file_a_build_replaces_is_a_witness_not_a_preference(tmp_path, capsy
     path = tmp_path / "constraints.txt"
     path.write_text(_constraints(closure))
     build._compare_with_previous(path, _constraints(closure), set())
-    assert f"against the file it replaces (resolution cutoff {CUTOFF}): no pin moved but the overlay's own" in capsys.readouterr().err
+    assert f"against the file it replaces (resolution cutoff {CUTOFF}): no pin moved (the overlay's own aside)" in capsys.readouterr().err
     with pytest.raises(OverlayError, match=re.escape(f"the registry no longer gives, as of the resolution cutoff {CUTOFF}, the closure that {path} "
                                                      "was made with from these same inputs: deleted 1.0 (gone); wcwidth 0.9.4 -> 0.9.3."
                                                      " What the cutoff cannot pin has moved upstream (a file yanked or deleted since)")):
