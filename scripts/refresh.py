@@ -9,8 +9,9 @@ no logic of its own. It
 1. plans: a MaxText release newer than the one the `maxtext` extra names
    (the package index), else, per upstream, a release tag newer than its pin
    (`git ls-remote --tags`);
-2. makes the branch `refresh/<date>-<what>` at the checkout's HEAD and moves
-   the pins on it, one commit per move (a rebase refuses a checkout with
+2. makes the branch `refresh/<date>-<what>` at the checkout's HEAD, moves
+   pyproject.toml's resolution-cutoff to the refresh's time (a rebase
+   --maxtext moves it itself), and moves the pins on it, one commit per move (a rebase refuses a checkout with
    uncommitted changes in patches/, so each move starts from the one before,
    committed): `scripts/rebase.sh --maxtext VERSION` for a MaxText release,
    `scripts/rebase.sh NAME TAG` for a tag, each upstream from a blobless
@@ -21,7 +22,8 @@ no logic of its own. It
    regenerated constraints.txt and runs the quick CPU matrix on those wheels
    (`scripts/test-matrix.sh --platform cpu --quick --wheels dist`);
 4. writes, in DIR, `pr.json` (branch, title, draft) and `pr.md`, the pull
-   request's body: each move's report, what dropped as applied upstream, the
+   request's body: the cutoff's move and every pin it moved (name, old ->
+   new), each move's report, what dropped as applied upstream, the
    build's and the matrix's outcome and, wherever it stopped, the commands
    that finish the work on a fresh checkout of the branch. Anything but a
    carried series, a build and a green matrix makes a draft;
@@ -232,8 +234,10 @@ def how_to_finish(moves: list[Move], rebases: list[Step], build: Step | None, ma
 
 
 def pull_request(moves: list[Move], rebases: list[Step], build: Step | None, matrix: Step | None, today: datetime.date,
-                 branch: str | None = None) -> dict[str, object]:
-    """The pull request for what the refresh did: branch, title, draft, body."""
+                 branch: str | None = None, cutoff: tuple[str, str] | None = None, moved: list[str] | None = None) -> dict[str, object]:
+    """The pull request for what the refresh did: branch, title, draft, body.
+    `cutoff`: the resolution cutoff (old, new); `moved`: the pins that moved
+    in constraints.txt (closures.moved_pins), None where it was not rebuilt."""
     branch = branch or branch_name(moves, today)
     rows = [row for step in rebases for row in _rows(step.output)]
     dropped = [f"{patch} ({outcome})" for patch, outcome in rows if outcome.startswith("dropped")]
@@ -260,6 +264,15 @@ def pull_request(moves: list[Move], rebases: list[Step], build: Step | None, mat
                   "On a fresh checkout of this branch (the rebase's work clone, in the ignored `build/`, was not pushed: "
                   "the commands redo the stopped step from the pins this branch holds):", "", "```sh", *finish, "```", "",
                   "then mark this pull request ready for review.", ""]
+    if cutoff is not None and cutoff[0] != cutoff[1]:
+        lines += [f"### Resolution cutoff: `{cutoff[0]}` -> `{cutoff[1]}`", "",
+                  "Every resolution sees the package registry as of the cutoff (pyproject.toml's `resolution-cutoff`): "
+                  "the closure's pins below moved with it and the pins." if moved is not None
+                  else "Every resolution sees the package registry as of the cutoff (pyproject.toml's `resolution-cutoff`); "
+                       "constraints.txt is not rebuilt, so which pins move is not known yet.", ""]
+        if moved is not None:
+            lines += [f"- {m}" for m in moved] or ["- none"]
+            lines.append("")
     for step in rebases:
         lines += [f"### `{step.command}` (exit {step.status})", "", "```", step.output.strip(), "```", ""]
     for move in moves[len(rebases):]:
@@ -318,6 +331,24 @@ def _commit(message: str, paths: Iterable[str] = (), empty: bool = False) -> Non
     staged = subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=ROOT).returncode != 0
     if staged or empty:
         _git("commit", "-q", "--no-verify", *(["--allow-empty"] if empty else []), "-m", message)
+
+
+def _cutoff() -> str:
+    from maxtext_rl_overlay.pins import load_project
+
+    return load_project(ROOT).resolution_cutoff
+
+
+def _moved_pins(base: str) -> list[str]:
+    """The pins of constraints.txt that moved since `base`: name, old -> new (the overlay's own left out)."""
+    from maxtext_rl_overlay.closures import moved_pins
+
+    old = subprocess.run(["git", "show", f"{base}:constraints.txt"], cwd=ROOT, capture_output=True, text=True).stdout
+    return moved_pins(old, (ROOT / "constraints.txt").read_text(), ours=OURS)
+
+
+#: The overlay's own distributions, whose versions the pins and the revision set.
+OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext-vllm-adapter")
 
 
 def _project_state() -> tuple[str, dict[str, str], dict[str, str]]:
@@ -430,6 +461,13 @@ def _refresh(args: argparse.Namespace) -> int:
     branch, lease = _own_branch(branch_name(moves, args.today), base) if args.open else (branch_name(moves, args.today), "")
     _git("checkout", "-q", "-B", branch)
     args.work.mkdir(parents=True, exist_ok=True)
+    old_cutoff = _cutoff()
+    if not any(m.args[0] == "--maxtext" for m in moves):  # a rebase --maxtext moves the cutoff itself
+        from maxtext_rl_overlay.options import cutoff_now
+        from maxtext_rl_overlay.pins import set_resolution_cutoff
+
+        set_resolution_cutoff(ROOT, cutoff_now())
+        _commit(f"Refresh: resolution-cutoff {old_cutoff} -> {_cutoff()}", ("pyproject.toml",))
     rebases: list[Step] = []
     for move in moves:
         sources = []
@@ -450,7 +488,8 @@ def _refresh(args: argparse.Namespace) -> int:
         if build.status == 0:
             _commit(BUILT, ("constraints.txt",))
             matrix = _run(list(MATRIX), shlex.join(MATRIX))
-    pr = pull_request(moves, rebases, build, matrix, args.today, branch)
+    moved = _moved_pins(base) if build is not None and build.status == 0 else None
+    pr = pull_request(moves, rebases, build, matrix, args.today, branch, cutoff=(old_cutoff, _cutoff()), moved=moved)
     body = str(pr.pop("body"))
     if rebases[-1].status != 0:
         finish = how_to_finish(moves, rebases, build, matrix, branch)

@@ -25,9 +25,9 @@ from typing import Any
 from . import __version__, build, buildcache, interrupts, lint, output, sources, staging, testmatrix, verify
 from .errors import ExitCode, OverlayError, UsageError
 from .indexpages import base_url
-from .options import named_source, project_root
+from .options import cutoff_now, cutoff_value, named_source, project_root
 from .patching import ENGINES
-from .pins import DISTRIBUTIONS
+from .pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
 from .rebase.command import command as rebase_command
 from .rebase.options import request_from_args
 from .smoke import report as smoke_report
@@ -141,6 +141,28 @@ def _cmd_clean(_: None) -> int:
     return ExitCode.OK
 
 
+def _cmd_cutoff(opts: tuple[pathlib.Path, str | None]) -> int:
+    root, moved_to = opts
+    if moved_to is None:
+        print(f"resolution-cutoff: {load_project(root).resolution_cutoff}")
+        return ExitCode.OK
+    old = set_resolution_cutoff(root, moved_to)
+    print(f"resolution-cutoff: {old} -> {moved_to} in {root / 'pyproject.toml'}. Commit it, then rebuild constraints.txt from that "
+          "commit (scripts/build-wheels.sh, with the sources it names) and commit it: the build lists the pins that moved.")
+    return ExitCode.OK
+
+
+def _cutoff_options(args: argparse.Namespace) -> tuple[pathlib.Path, str | None]:
+    return project_root(args.project), cutoff_now() if args.now else args.set
+
+
+def _cutoff_arg(text: str) -> str:
+    try:
+        return cutoff_value(text, "--set")
+    except OverlayError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--set: ")) from None
+
+
 def _project_root(args: argparse.Namespace) -> pathlib.Path:
     return project_root(args.project)
 
@@ -223,6 +245,13 @@ def _parser() -> argparse.ArgumentParser:
 
     lint = command("lint", "check every patch of every series for its trailers and format", project)
     runs(lint, _cmd_lint, _project_root)
+
+    cut = command("cutoff", "print the resolution cutoff (pyproject.toml's resolution-cutoff: every resolution sees the registry as of it), "
+                            "or move it", project)
+    moves = cut.add_mutually_exclusive_group()
+    moves.add_argument("--set", type=_cutoff_arg, metavar="WHEN", help="move it to WHEN, a UTC time written YYYY-MM-DDTHH:MM:SSZ")
+    moves.add_argument("--now", action="store_true", help="move it to this moment")
+    runs(cut, _cmd_cutoff, _cutoff_options)
 
     r = command("rebase", "carry a patch series onto a new upstream commit, or every pin onto a MaxText release's (stops at a conflict)", project)
     r.add_argument("name", nargs="?", metavar="NAME", choices=DISTRIBUTIONS, help=f"the upstream: {names}")

@@ -161,7 +161,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
                 output.warn(f"not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them", who="build")
             adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
             overlay = overlayfiles.overlay_inputs(project.root)
-            record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built), _environment_record(env, adapter),
+            record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built),
+                                       _environment_record(env, adapter, project.resolution_cutoff),
                                        project=overlay.project)
             overlay_wheel = _build_overlay(project, overlay.files, record, adapter, staging, opts.python, cache)
             # What the wheels were made from, for the header (tests/unit finds a stale file by it):
@@ -171,8 +172,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             indexpages.write_simple(staging, sums)
             find_links = _relative(out, constraints_path.parent)
             requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
-            # Preferring the committed file's versions keeps a fresh resolution stable.
-            closure = closures.resolve(staging, requirement, opts.python, env, cache=cache, preferences=project.root / "constraints.txt")
+            # Against the registry as of the project's cutoff: the same commit, the same closure, on any day.
+            closure = closures.resolve(staging, requirement, opts.python, env, cutoff=project.resolution_cutoff, cache=cache)
             standins = [n for n, e in entries.items() if not e.from_pin]
             notes = [
                 "Built from the pins in patches/*/pin.toml." if not standins
@@ -189,9 +190,11 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             made_by = _made_by(opts, project, entries, out, constraints_path)
             (staging / "constraints.txt").write_text(constraintsfile.constraints_text(closure, sums, base or ".", notes=notes, env=env,
                                                                                       location=base or "", made_by=made_by, inputs=inputs,
-                                                                                      made_from=overlay.project))
+                                                                                      made_from=overlay.project,
+                                                                                      cutoff=project.resolution_cutoff))
             text = constraintsfile.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs,
-                                                    made_from=overlay.project)
+                                                    made_from=overlay.project, cutoff=project.resolution_cutoff)
+            _compare_with_previous(constraints_path, text, {parse_wheel_filename(w)[0] for w in sums})
             after_the_index.callback(end_pair, constraints_path)  # last: once the file is in place (or removed)
             staged = after_the_index.enter_context(staged_file(constraints_path, text))
             # Again, before the index moves (a refusal after it would leave a mix): the file may have changed meanwhile.
@@ -279,7 +282,8 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environ
             step.note(pin.distribution, "empty series: nothing to apply")
         wheels.set_static_version(tree, version)
         wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution, pin.requirement_files)
-        build_env = (buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache, pin.directory / buildenv.TOOLCHAIN_FILE)
+        build_env = (buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache, pin.directory / buildenv.TOOLCHAIN_FILE,
+                                     project.resolution_cutoff)
                      if pin.needs_torch else None)
         variables = {k: v.replace("{version}", version) for k, v in pin.build_env.items()}
         date = pin.date or source.date
@@ -318,10 +322,37 @@ def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: 
     )
 
 
-def _environment_record(env: environment.Environment, adapter: manifest.Adapter | None) -> manifest.EnvironmentRecord:
+def _environment_record(env: environment.Environment, adapter: manifest.Adapter | None, cutoff: str) -> manifest.EnvironmentRecord:
     torch = env.torch
     return manifest.EnvironmentRecord(env.maxtext, env.extra, manifest.TorchRecord(torch.version, torch.wanted, torch.standin, torch.torchvision),
-                                      adapter)
+                                      adapter, cutoff)
+
+
+def _compare_with_previous(path: pathlib.Path, text: str, ours: set[str]) -> None:
+    """The constraints file a build replaces is never a preference, only a
+    witness: made from the same inputs (its header, the project commit
+    aside), its pins must be the new ones, or the registry changed under
+    the cutoff (a file yanked or deleted upstream), which is an error naming
+    each package; made otherwise (a moved cutoff, pin or requirement), the
+    pins that moved are said."""
+    try:
+        previous = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return
+    if not previous.startswith(constraintsfile.CONSTRAINTS_HEADER):
+        return
+    drift = constraintsfile.unexplained_moves(previous, text, ours)
+    if drift:
+        raise OverlayError(
+            f"the registry no longer gives, as of the resolution cutoff {constraintsfile.recorded_cutoff(text)}, the closure that {path} "
+            f"was made with from these same inputs: {'; '.join(drift)}. What the cutoff cannot pin has moved upstream (a file yanked "
+            "or deleted since); nothing was published. Check those releases on the registry, then move the cutoff on purpose "
+            "(maxtext-rl-overlay cutoff --now) and build again.")
+    moved = closures.moved_pins(previous, text, ours=ours)
+    was, now = constraintsfile.recorded_cutoff(previous), constraintsfile.recorded_cutoff(text)
+    said = f"resolution cutoff {was or 'none'} -> {now}" if was != now else f"resolution cutoff {now}"
+    step.note("constraints", f"against the file it replaces ({said}): " + (f"{len(moved)} pins moved: {'; '.join(moved)}" if moved
+                                                                             else "no pin moved (the overlay's own aside)"))
 
 
 def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str, cache: pathlib.Path) -> manifest.Adapter | None:

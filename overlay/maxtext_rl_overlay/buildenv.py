@@ -21,11 +21,14 @@ whose header says how it was made and from which requirements. The build
 installs exactly those (`--require-hashes`), then torch under them, so that
 a re-run of a release tag weeks later builds with the same tools. The file
 is resolved again only when the tree's requirements no longer match the
-ones it records (a moved pin), preferring its old versions; the build says
-so, and the new file is to be committed.
+ones it records (a moved pin), preferring its old versions, against the
+registry as of the project's resolution cutoff (which its header names);
+the build says so, and the new file is to be committed.
 
 Environments are cached by their inputs (a buildcache.Entry): the pinned
-toolchain (versions and hashes), torch and the interpreter. A venv cannot be
+toolchain (versions and hashes), torch, the interpreter and the resolution
+cutoff (torch's own requirements are resolved when it is installed, against
+the registry as of the cutoff). A venv cannot be
 moved once made, so one is made in place and its record written only at the
 end (Entry.make, in place); an incomplete one is made again."""
 
@@ -53,7 +56,7 @@ from .proc import run
 from .staging import write_atomically
 
 #: Bumped when what a kept build environment's record says changes.
-BUILDENV_CACHE_FORMAT = 1
+BUILDENV_CACHE_FORMAT = 2
 BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
 #: The pinned build toolchain of a distribution built here, in its pin's folder.
 TOOLCHAIN_FILE = "build-requirements.txt"
@@ -75,11 +78,11 @@ class BuildEnv:
     cuda: str  # its CUDA version, "" for a CPU build
 
 
-def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: pathlib.Path, toolchain_file: pathlib.Path) -> BuildEnv:
+def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: pathlib.Path, toolchain_file: pathlib.Path, cutoff: str) -> BuildEnv:
     requires = _build_requires(who, tree, torch)
-    toolchain = pinned_toolchain(who, requires, python, toolchain_file)
+    toolchain = pinned_toolchain(who, requires, python, toolchain_file, cutoff)
     inputs = {"format": BUILDENV_CACHE_FORMAT, "toolchain": _pins_and_hashes(toolchain), "torch": torch.version,
-              "find_links": list(torch.find_links), "python": _version_of(python)}
+              "find_links": list(torch.find_links), "python": _version_of(python), "exclude_newer": cutoff}
     key = cachekeys.key(inputs)
     entry = buildcache.Entry(cache / "buildenv" / key, key, who=who, kind="buildenv")
     root = entry.path
@@ -91,7 +94,7 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
         if info is None:
             with step(who, f"making the build environment with torch=={torch.version} ({key[:12]})"):
                 # A full disk, a failed install: no half-made environment is left.
-                info = entry.make(lambda root: {**_make(who, root, python, toolchain, torch), "inputs": inputs}, in_place=True)
+                info = entry.make(lambda root: {**_make(who, root, python, toolchain, torch, cutoff), "inputs": inputs}, in_place=True)
     if info["version"] != torch.version:
         raise OverlayError(f"{who}: the build environment {root} holds torch {info['version']}, not the closure's {torch.version}; delete it and build again.")
     bindir = root / "bin"
@@ -137,10 +140,10 @@ def _build_requires(who: str, tree: pathlib.Path, torch: Torch) -> list[str]:
     return sorted(out)
 
 
-def pinned_toolchain(who: str, requires: list[str], python: str, path: pathlib.Path) -> str:
+def pinned_toolchain(who: str, requires: list[str], python: str, path: pathlib.Path, cutoff: str) -> str:
     """The text of `path`, the pinned toolchain for `requires`: read as it
     is when it records these requirements, else resolved (preferring its
-    old versions) and written."""
+    old versions, against the registry as of `cutoff`) and written."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -156,7 +159,7 @@ def pinned_toolchain(who: str, requires: list[str], python: str, path: pathlib.P
         out.write_text("".join(f"{name}=={version}\n" for name, (version, _) in _pins_and_hashes(text).items()))
         backends = pathlib.Path(tmp) / "build-constraints.txt"
         backends.write_text(BUILD_CONSTRAINTS.read_text())
-        flags = ["--generate-hashes", "--no-header", "--quiet", "-c", backends.name]
+        flags = ["--generate-hashes", "--no-header", "--quiet", "-c", backends.name, "--exclude-newer", cutoff]
         with step(who, f"resolving the build toolchain ({reason})"):
             _run(who, ["uv", "pip", "compile", "-", *flags, "--python", python, "--output-file", out.name], "resolving the build toolchain",
                  cwd=pathlib.Path(tmp), input="".join(f"{r}\n" for r in requires))
@@ -210,7 +213,7 @@ def _run(who: str, cmd: list[str], what: str, cwd: pathlib.Path | None = None, i
     return str(run(cmd, who=who, what=what, env={"UV_PYTHON_DOWNLOADS": "never"}, log=True, cwd=cwd, input=input).stdout)
 
 
-def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torch) -> dict[str, Any]:
+def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torch, cutoff: str) -> dict[str, Any]:
     uv = shutil.which("uv") or "uv"
     vpy = str(root / "bin" / "python")
     links = [a for link in torch.find_links for a in ("--find-links", link)]
@@ -221,7 +224,8 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
         _run(who, [uv, "pip", "install", "--quiet", "-p", vpy, "--require-hashes", "--no-deps", "-r", str(lockfile)],
              "installing the pinned build toolchain")
         # torch and what it needs under the toolchain's pins (and their hashes): what they share stays as pinned.
-        under = [uv, "pip", "install", "--quiet", "-p", vpy, "-c", str(lockfile)]
+        # What torch needs beyond them is resolved against the registry as of the cutoff.
+        under = [uv, "pip", "install", "--quiet", "-p", vpy, "-c", str(lockfile), "--exclude-newer", cutoff]
         _run(who, [*under, *links, f"torch=={torch.version}"], "installing torch")
         info = json.loads(_run(who, [vpy, "-c", _PROBE], "importing torch in the build venv").strip().splitlines()[-1])
         if info["version"] != torch.version:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import inputdigests
+from . import closures, inputdigests
 from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
@@ -37,7 +37,7 @@ UV_CHECKS_CONSTRAINT_HASHES = "0.5.3"
 
 def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Environment, location: str = "",
                      made_by: tuple[str, ...] = (), inputs: Mapping[str, str] | None = None,
-                     made_from: ProjectRecord | None = None) -> str:
+                     made_from: ProjectRecord | None = None, cutoff: str = "") -> str:
     """constraints.txt: how it was made (`made_by`: the build command, its
     sources, uv's version, the tool's digest; `inputs`: input_digests() of
     the project it was built from; `made_from`: the project commit the
@@ -74,12 +74,53 @@ def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: s
         f"# Needs uv >= {UV_CHECKS_CONSTRAINT_HASHES}: an older uv installs without checking the --hash lines of a -c file.",
         f"# Resolved for Python {TARGET_PYTHON} on {TARGET_PLATFORM} (a TPU VM), with {env.maxtext}",
         f"# under its {env.constraints_origin.split(':', 1)[1]} ({env.constraints_origin.split(':', 1)[0]}).",
+        *([CUTOFF_LINE + cutoff + CUTOFF_TAIL] if cutoff else []),
         *(f"# {line}" for line in made_by),
         *(f"# {line}" for line in (inputdigests.header_lines(inputs, made_from) if inputs else ())),
         f"--find-links {find_links}",
         *(f"--find-links {link}" for link in env.torch.find_links),
     ]
     return "\n".join(header) + "\n" + "".join(out)
+
+
+#: The header's line naming the resolution cutoff (the cutoff between them).
+CUTOFF_LINE = "# Resolved against the package registry as of "
+CUTOFF_TAIL = " (pyproject.toml's resolution-cutoff, uv's --exclude-newer): nothing uploaded later is pinned."
+
+
+def recorded_cutoff(text: str) -> str:
+    """The resolution cutoff a constraints file's header names; "" for none
+    (made before the tool recorded one)."""
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if line.startswith(CUTOFF_LINE) and line.endswith(CUTOFF_TAIL):
+            return line[len(CUTOFF_LINE):-len(CUTOFF_TAIL)]
+    return ""
+
+
+def _making(text: str) -> list[str]:
+    """The header lines that say what a constraints file was made from and
+    how, but the project commit (a commit that changes none of the inputs
+    changes only the overlay wheel's label)."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith(f"# {inputdigests.MADE_FROM}"):
+            lines.append(line)
+    return lines
+
+
+def unexplained_moves(previous: str, text: str, ours: set[str]) -> list[str]:
+    """The pins (closures.moved_pins, the overlay's own builds `ours` aside)
+    that differ between `previous` and `text` where both were made from the
+    same inputs, by the same command and tool, against the same cutoff:
+    what only the registry can have changed. [] where they were made
+    otherwise, or where `previous` records no cutoff or inputs."""
+    if not recorded_cutoff(previous) or not inputdigests.recorded_inputs(previous) or _making(previous) != _making(text):
+        return []
+    return closures.moved_pins(previous, text, ours=ours)
 
 
 def overrides_text(env: Environment) -> str:

@@ -112,6 +112,7 @@ class EnvironmentRecord:
     extra: str
     torch: TorchRecord
     maxtext_vllm_adapter: Adapter | None
+    resolution_cutoff: str = ""  # the registry's moment the closure was resolved against; "" in a manifest from before it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +168,7 @@ class Manifest:
                 environment=EnvironmentRecord(
                     env["maxtext"], env["extra"], TorchRecord(**env["torch"]),
                     Adapter(adapter["name"], adapter["version"], WheelFile(**adapter["wheel"]), adapter["source"]) if adapter else None,
+                    str(env.get("resolution_cutoff", "")),
                 ),
                 project=ProjectRecord(project["commit"], tuple(project["dirty"])) if project else None,
             )

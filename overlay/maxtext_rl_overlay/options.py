@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
-import math
 import os
 import pathlib
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -118,6 +118,35 @@ def iso_date(data: Mapping[str, Any], key: str, where: str, default: Any = _REQU
     return value
 
 
+#: The one spelling of a resolution cutoff: an RFC 3339 time in UTC, to the second.
+_CUTOFF = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+CUTOFF_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def cutoff_value(value: str, where: str) -> str:
+    """A resolution cutoff, such as 2026-12-01T12:00:00Z: RFC 3339, UTC, to
+    the second, and in that one spelling (it is a cache key and the
+    constraints header's words, so two spellings of one time would be two
+    inputs). Returned as given."""
+    try:
+        ok = bool(_CUTOFF.match(value)) and datetime.datetime.strptime(value, CUTOFF_FORMAT) is not None
+    except ValueError:
+        ok = False
+    if not ok:
+        raise OverlayError(f"{where}: {value!r} is not a time in UTC written as YYYY-MM-DDTHH:MM:SSZ, such as 2026-12-01T12:00:00Z.")
+    return value
+
+
+def cutoff_now() -> str:
+    """This moment as a resolution cutoff (UTC, to the second)."""
+    return datetime.datetime.now(datetime.UTC).strftime(CUTOFF_FORMAT)
+
+
+def cutoff(data: Mapping[str, Any], key: str, where: str, default: Any = _REQUIRED) -> str:
+    """[tool.maxtext-rl-overlay] resolution-cutoff: see cutoff_value."""
+    return cutoff_value(string(data, key, where, default), f"{where}: {key}")
+
+
 def requirements(data: Mapping[str, Any], key: str, where: str, default: Any = _REQUIRED) -> tuple[str, ...]:
     """A list of PEP 508 requirements, such as `dependencies = ["packaging>=24"]`."""
     value = strings(data, key, where, default)
@@ -177,7 +206,7 @@ def project_root(given: pathlib.Path | None, start: pathlib.Path | None = None) 
 # -- pyproject.toml [tool.maxtext-rl-overlay] -------------------------------
 
 #: The table's own keys; `matrix` has its schema in testmatrix.load_matrix.
-PROJECT_KEYS = {"revision", "maxtext", "torch", "matrix"}
+PROJECT_KEYS = {"revision", "resolution-cutoff", "maxtext", "torch", "matrix"}
 MAXTEXT_KEYS = {"extra", "overrides-file", "vllm-adapter"}
 TORCH_KEYS = {"find-links"}
 
@@ -199,6 +228,9 @@ class TorchOptions:
 @dataclasses.dataclass(frozen=True)
 class ProjectOptions:
     revision: int  # the local label of every wheel is mrl.<revision>
+    # uv's --exclude-newer for every resolution the tool makes against the registry (YYYY-MM-DDTHH:MM:SSZ):
+    # the registry as of that time is an input, declared here, so a commit resolves to one closure on any day.
+    resolution_cutoff: str
     maxtext: MaxTextOptions
     torch: TorchOptions
     matrix: Mapping[str, Any]  # checked by testmatrix.load_matrix, where it is used
@@ -217,6 +249,7 @@ def project_options(data: object, where: str) -> ProjectOptions:
     refuse_unknown(set(torch), TORCH_KEYS, torch_where)
     return ProjectOptions(
         revision=natural(data, "revision", where),
+        resolution_cutoff=cutoff(data, "resolution-cutoff", where),
         maxtext=MaxTextOptions(
             overrides_file=string(maxtext, "overrides-file", maxtext_where),
             extra=string(maxtext, "extra", maxtext_where, MaxTextOptions.extra),
@@ -291,12 +324,9 @@ def maxtext_requirement(extras: Mapping[str, Any], maxtext: MaxTextOptions, pypr
 VARIABLES = {
     "MRL_CACHE_DIR": "the build cache (default: $XDG_CACHE_HOME/maxtext-rl-overlay, or ~/.cache/maxtext-rl-overlay)",
     "MRL_REFRESH": "1: resolve the closure afresh, whatever the cache holds (default: 0)",
-    "MRL_CLOSURE_MAX_AGE": "seconds a cached resolution of the closure is reused (default: 86400, a day)",
     "MRL_PYTHON": "the interpreter of the matrix's cells, tried before python3.X on PATH and pyenv's (default: none)",
     "MRL_HOST_STAND_INS_ACTIVE": "set by the TPU cell's host stand-ins: those active in this process, 'NAME: what; ...' (default: none)",
 }
-#: How long a cached resolution is reused, in seconds.
-CLOSURE_MAX_AGE = 24 * 3600.0
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -304,7 +334,6 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 class Settings:
     cache_dir: pathlib.Path
     refresh: bool = False
-    closure_max_age: float = CLOSURE_MAX_AGE
     python: str | None = None
     host_stand_ins: tuple[str, ...] = ()  # the TPU cell's, "NAME: what" (docs/tpu-cell.md)
 
@@ -316,14 +345,7 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     refresh = env.get("MRL_REFRESH", "").strip().lower()
     if refresh not in _TRUE + _FALSE:
         raise OverlayError(f"MRL_REFRESH={env['MRL_REFRESH']!r}: expected 1 (resolve afresh) or 0.")
-    age_text = env.get("MRL_CLOSURE_MAX_AGE", "").strip()
-    try:
-        age = float(age_text) if age_text else CLOSURE_MAX_AGE
-    except ValueError:
-        age = math.nan
-    if not 0 <= age < math.inf:
-        raise OverlayError(f"MRL_CLOSURE_MAX_AGE={env['MRL_CLOSURE_MAX_AGE']!r}: expected a number of seconds (0 or more).")
-    return Settings(cache_dir=pathlib.Path(cache).expanduser().absolute(), refresh=refresh in _TRUE, closure_max_age=age,
+    return Settings(cache_dir=pathlib.Path(cache).expanduser().absolute(), refresh=refresh in _TRUE,
                     python=env.get("MRL_PYTHON") or None,
                     host_stand_ins=tuple(s.strip() for s in env.get("MRL_HOST_STAND_INS_ACTIVE", "").split(";") if s.strip()))
 

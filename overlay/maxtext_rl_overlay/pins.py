@@ -15,6 +15,7 @@ from .errors import OverlayError
 from .options import (
     ProjectOptions,
     boolean,
+    cutoff_value,
     iso_date,
     project_metadata,
     project_options,
@@ -100,6 +101,11 @@ class Project:
     @property
     def local_label(self) -> str:
         return f"mrl.{self.revision}"
+
+    @property
+    def resolution_cutoff(self) -> str:
+        """uv's --exclude-newer for every resolution against the registry."""
+        return self.options.resolution_cutoff
 
 
 def read_series(directory: pathlib.Path) -> tuple[pathlib.Path, ...]:
@@ -243,6 +249,17 @@ def select(project: Project, only: list[str] | None) -> list[Pin]:
     if unknown:
         raise OverlayError(f"--only: unknown distribution(s) {', '.join(unknown)}; choose from {', '.join(DISTRIBUTIONS)}.")
     return [project.pins[name] for name in DISTRIBUTIONS if name in only]
+
+
+def set_resolution_cutoff(root: pathlib.Path, value: str) -> str:
+    """Move pyproject.toml's [tool.maxtext-rl-overlay] resolution-cutoff to
+    `value` in place (its comments and every other line kept); the old value."""
+    pyproject = root / "pyproject.toml"
+    old = load_project(root).resolution_cutoff
+    cutoff_value(value, f"{pyproject} [tool.maxtext-rl-overlay]: resolution-cutoff")
+    text = tomledit.set_value(pyproject.read_text(), ("tool", "maxtext-rl-overlay"), "resolution-cutoff", value, where=str(pyproject))
+    write_atomically(pyproject, text)
+    return old
 
 
 def set_pin_values(path: pathlib.Path, values: dict[str, str]) -> None:

@@ -24,7 +24,7 @@ Kind = Literal["verify", "smoke", "test-matrix", "tpu-cell"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
 #: Each kind's current report_version: what this tool writes, and the only one it reads.
-VERSIONS: dict[Kind, int] = {"verify": 1, "smoke": 1, "test-matrix": 1, "tpu-cell": 1}
+VERSIONS: dict[Kind, int] = {"verify": 2, "smoke": 1, "test-matrix": 1, "tpu-cell": 1}
 
 
 class FindingDocument(TypedDict):
@@ -52,6 +52,7 @@ class VerifyDocument(TypedDict):
     deviations: list[str]
     closure_checked: bool
     imports_checked: bool
+    resolution_cutoff: str
 
 
 class SmokeDocument(TypedDict):

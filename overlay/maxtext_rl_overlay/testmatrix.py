@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from . import indexpages, options, output, proc, reports, staging, tables
+from .constraintsfile import recorded_cutoff
 from .errors import ExitCode, OverlayError
 from .indexpages import STANDIN_OVERRIDES
 from .options import refuse_unknown
@@ -238,7 +239,10 @@ def cell_command(project_root: pathlib.Path, marker: str, index: pathlib.Path) -
 def install_commands(command: list[str], constraints: pathlib.Path, venv_python: str) -> list[list[str]]:
     """The README's `uv pip install -c constraints.txt [--override
     .../torch-standin-overrides.txt] ...` for this index and venv: its files
-    are this index's, everything else is run as the README says."""
+    are this index's, everything else is run as the README says (it pins
+    the whole closure); then the tests' own tools, whose requirements the
+    closure need not pin, against the registry as of the index's
+    resolution cutoff (its constraints header names it)."""
     if command[:3] != ["uv", "pip", "install"] or "-c" not in command:
         raise OverlayError(f"the README's matrix command must be `uv pip install -c constraints.txt ...`, not {' '.join(command)!r}.")
     cmd = ["uv", "pip", "install", "--quiet", "-p", venv_python, *command[3:]]
@@ -254,7 +258,9 @@ def install_commands(command: list[str], constraints: pathlib.Path, venv_python:
                            f"(a <!-- ...{STANDIN_SUFFIX} --> block), as a user of this index needs it.")
     # pytest-timeout: the suite's bounds (pyproject's `timeout`, the tests' own marks) hold in the cells too;
     # hypothesis: the property tests'.
-    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), "pytest", HYPOTHESIS, TIMEOUT_PLUGIN]]
+    cutoff = recorded_cutoff(constraints.read_text()) if constraints.is_file() else ""
+    return [cmd, ["uv", "pip", "install", "--quiet", "-p", venv_python, "-c", str(constraints), *(["--exclude-newer", cutoff] if cutoff else []),
+                  "pytest", HYPOTHESIS, TIMEOUT_PLUGIN]]
 
 
 def _python(version: str) -> str:

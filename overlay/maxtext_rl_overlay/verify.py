@@ -485,6 +485,7 @@ class Verdict:
     explanation: list[str]
     line: str
     opts: VerifyOptions
+    resolution_cutoff: str = ""  # the registry's moment the release's closure was resolved against (its manifest); "" for none recorded
 
     @property
     def ok(self) -> bool:
@@ -503,7 +504,8 @@ def verify(opts: VerifyOptions) -> Verdict:
     deviations = host_deviations(opts.host_deviations) if opts.host_deviations else []
     findings = accept_deviations(findings, deviations)
     bad = [f for f in findings if not f.ok]
-    verdict = Verdict(findings, deviations, explain(findings, doc) if bad else [], verdict_line(findings, deviations, opts), opts)
+    verdict = Verdict(findings, deviations, explain(findings, doc) if bad else [], verdict_line(findings, deviations, opts), opts,
+                      doc.environment.resolution_cutoff)
     if opts.json:
         write_json(opts.json, verdict)
     return verdict
@@ -539,7 +541,7 @@ def json_document(verdict: Verdict | None) -> reports.VerifyDocument:
     if verdict is None:
         return {"report_version": reports.VERSIONS["verify"], "kind": "verify", "finished": False, "ok": False,
                 "verdict": "verify did not finish", "findings": [], "explanation": [], "deviations": [], "closure_checked": False,
-                "imports_checked": False}
+                "imports_checked": False, "resolution_cutoff": ""}
     findings: list[reports.FindingDocument] = [
         {"distribution": f.distribution, "check": f.check.value, "subject": f.subject, "expected": f.expected, "found": f.found,
          "shown": f.shown, "ok": f.ok, "problem": f.problem.value if f.problem else None, "remedy": f.remedy}
@@ -547,7 +549,8 @@ def json_document(verdict: Verdict | None) -> reports.VerifyDocument:
     opts = verdict.opts
     return {"report_version": reports.VERSIONS["verify"], "kind": "verify", "finished": True, "ok": verdict.ok, "verdict": verdict.line,
             "findings": findings, "explanation": verdict.explanation, "deviations": verdict.deviations,
-            "closure_checked": not opts.files_only, "imports_checked": opts.imports and not opts.files_only}
+            "closure_checked": not opts.files_only, "imports_checked": opts.imports and not opts.files_only,
+            "resolution_cutoff": verdict.resolution_cutoff}
 
 
 def write_json(path: pathlib.Path, verdict: Verdict | None) -> None:

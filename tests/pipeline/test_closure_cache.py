@@ -5,8 +5,13 @@ SHA256SUMS and constraints.txt); a changed input is built again."""
 
 from __future__ import annotations
 
+import pathlib
+import re
+
 import pytest
 
+from maxtext_rl_overlay import constraintsfile
+from maxtext_rl_overlay.pins import load_project
 from support.pipeline import build_standins
 
 pytestmark = pytest.mark.slow
@@ -45,3 +50,36 @@ def test_a_changed_tree_is_built_again(tmp_path, standin, project):
     assert "[google-tunix] applying 0001" in again.stderr  # another patch file: patched again
     assert "[google-tunix] tree " in again.stderr and "[google-tunix] building the wheel" not in again.stderr, again.stderr
     assert "[maxtext-rl-overlay] building the wheel" in again.stderr
+
+
+def test_one_commit_one_closure_whatever_the_caches_and_the_file_it_replaces(tmp_path, standin, project):
+    """The closure is the registry's as of the project's resolution cutoff:
+    resolved afresh from an empty uv cache, afresh from the uv cache of
+    before, and onto an older constraints file (another cutoff's, older
+    pins: at --constraints and as the project's own), a build gives the same
+    constraints.txt byte for byte; the one onto the older file lists the pins
+    that moved since it."""
+    cache = tmp_path / "cache"
+    build_standins(project, tmp_path / "first" / "dist", standin, cache)
+    want = (tmp_path / "first" / "constraints.txt").read_text()
+    cutoff = constraintsfile.recorded_cutoff(want)
+    assert cutoff == load_project(project).resolution_cutoff, "the header names the project's cutoff"
+    found = re.search(r"(?m)^(wcwidth)==(\S+) ", want)
+    assert found, "the closure holds wcwidth"
+    older = (want.replace(constraintsfile.CUTOFF_LINE + cutoff, constraintsfile.CUTOFF_LINE + "2026-11-01T00:00:00Z")
+             .replace(f"\nwcwidth=={found.group(2)} ", "\nwcwidth==0.9.3 "))
+    (tmp_path / "older").mkdir()
+    (tmp_path / "older" / "constraints.txt").write_text(older)
+    (project / "constraints.txt").write_text(older)  # the project's own file: an earlier tool preferred its pins
+    runs = {
+        "afresh, an empty uv cache": build_standins(project, tmp_path / "empty-uv" / "dist", standin, cache,
+                                                    env={"MRL_REFRESH": "1", "UV_CACHE_DIR": str(tmp_path / "uv-cache")}),
+        "afresh, the uv cache of before": build_standins(project, tmp_path / "stale-uv" / "dist", standin, cache, env={"MRL_REFRESH": "1"}),
+        "onto an older file": build_standins(project, tmp_path / "older" / "dist", standin, cache, env={"MRL_REFRESH": "1"}),
+    }
+    for how, proc in runs.items():
+        assert f"the registry as of {cutoff}" in proc.stderr, (how, proc.stderr)
+        top = proc.args[proc.args.index("--out") + 1].rsplit("/", 1)[0]
+        assert pathlib.Path(top, "constraints.txt").read_text() == want, how
+    assert (f"against the file it replaces (resolution cutoff 2026-11-01T00:00:00Z -> {cutoff}): 1 pins moved: "
+            f"wcwidth 0.9.3 -> {found.group(2)}") in runs["onto an older file"].stderr

@@ -32,6 +32,8 @@ import time
 
 import pytest
 
+from maxtext_rl_overlay import constraintsfile
+from maxtext_rl_overlay.pins import load_project
 from support import ROOT
 from support.pipeline import build_standins
 from unit.unit_support import SmallFs
@@ -156,6 +158,11 @@ def releases(tmp_path_factory, standin):
     build_standins(project, new / "dist", standin, top / "empty-cache")
     before, after = _snapshot(old), _snapshot(new)
     assert before != after
+    # Both resolved against the registry as of the project's cutoff: what the registry gets during the run
+    # (a release uploaded between the builds) cannot make the build after a kill differ from these.
+    cutoff = load_project(project).resolution_cutoff
+    for release in (before, after):
+        assert constraintsfile.recorded_cutoff(release["constraints.txt"].decode()) == cutoff
     return project, before, after, top / "empty-cache"  # now warm: what the warm points build in
 
 

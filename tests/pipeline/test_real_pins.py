@@ -24,7 +24,7 @@ pytestmark = [
         not {"google-tunix", "tpu-inference"} <= set(SOURCES),
         reason="needs the upstream git repositories (MRL_SOURCES='google-tunix=PATH tpu-inference=PATH'): would have "
         "rebuilt the wheels from the pinned commits (vLLM and torch from their stand-ins) and checked them against "
-        "the sha256 in the committed constraints.txt",
+        "the sha256 in the committed constraints.txt, and the whole file",
     ),
 ]
 
@@ -43,3 +43,11 @@ def test_committed_constraints_carry_the_hashes_of_a_build_from_the_pins(tmp_pat
         assert f"--hash=sha256:{sha}" in committed, f"{wheel}: the committed constraints.txt does not carry {sha}"
         assert ("unpinned" in wheel) == wheel.startswith("vllm-"), wheel
     assert re.search(r"^# NOT built from the pins: stand-in sources for vllm ", committed, re.M)
+    # The whole file, byte for byte but the build command's line (this build names its --out and --constraints):
+    # the closure is the registry's as of the committed resolution cutoff, whatever day this runs.
+    made = (tmp_path / "constraints.txt").read_text()
+    assert _but_the_command(made) == _but_the_command(committed), "a clean build of this commit does not give the committed constraints.txt"
+
+
+def _but_the_command(text: str) -> str:
+    return re.sub(r"(?m)^# Made by: maxtext-rl-overlay build .*$", "# Made by: ...", text)

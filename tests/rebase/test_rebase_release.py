@@ -84,7 +84,14 @@ STOPPED_RELEASE = """{
   "tpu-inference",
   "vllm"
  ],
- "aborting": false
+ "aborting": false,
+ "cutoff": [
+  "2026-11-30T20:00:00Z",
+  "2026-12-06T02:00:00Z"
+ ],
+ "before": {
+  "wcwidth": "0.9.4"
+ }
 }"""
 
 
@@ -163,6 +170,10 @@ def _extra(project) -> list[str]:
     return tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]["maxtext"]
 
 
+def _cutoff(project) -> str:
+    return tomllib.loads((project / "pyproject.toml").read_text())["tool"]["maxtext-rl-overlay"]["resolution-cutoff"]
+
+
 def _pin(project) -> str:
     return tomllib.loads((project / TPU / "pin.toml").read_text())["commit"]
 
@@ -175,8 +186,11 @@ def test_a_release_moves_its_pins_and_the_extra(small_upstream, served, tmp_path
     project = small_project(tmp_path, repo, pin, patch)
     folder, index = served
     maxtext_release(folder, "0.2.5.dev1", {**ROOT_PINS, "tpu-inference": later})
+    old_cutoff = _cutoff(project)
     proc = _tool(project, index, "--maxtext", "0.2.5.dev1", "--source", f"tpu-inference={repo}", "--no-tests")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _cutoff(project) > old_cutoff, "the move takes the registry as of its own time"
+    assert f"  resolution-cutoff  {old_cutoff} -> {_cutoff(project)}  (the registry as of the move; " in proc.stdout, proc.stdout
     assert f"tpu-inference  {pin[:12]} -> {later[:12]}  (from {repo})" in proc.stdout
     assert f"rebase tpu-inference: {pin[:12]} -> {later[:12]}" in proc.stdout
     assert "0001-Set-A-to-3.patch  applied cleanly" in proc.stdout

@@ -30,7 +30,7 @@ BUILDER = textwrap.dedent("""
 
     cache, tree, log, toolchain = (pathlib.Path(a) for a in sys.argv[1:5])
 
-    def slow_make(who, root, python, requires, torch):
+    def slow_make(who, root, python, requires, torch, cutoff):
         root.mkdir(parents=True)
         (root / "filling").write_text("")
         with log.open("a") as f:
@@ -47,7 +47,8 @@ BUILDER = textwrap.dedent("""
         return {"version": torch.version, "cuda": ""}  # the record, which the entry writes last
 
     buildenv._make = slow_make
-    env = buildenv.prepare("vllm", tree, Torch("2.11.0", "2.11.0", "0.26.0", "0.26.0", (), False), sys.executable, cache, toolchain)
+    env = buildenv.prepare("vllm", tree, Torch("2.11.0", "2.11.0", "0.26.0", "0.26.0", (), False), sys.executable, cache, toolchain,
+                           "2026-11-30T20:00:00Z")
     print(env.root.name)
 """)
 

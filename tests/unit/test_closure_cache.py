@@ -32,7 +32,8 @@ cat > /dev/null
 echo compile >> "$FAKE_UV_LOG"
 out=""; prev=""
 for a in "$@"; do [ "$prev" = "--output-file" ] && out="$a"; prev="$a"; done
-cp "$out" "$FAKE_UV_LOG.preferences"  # what it was given to prefer
+echo "$@" > "$FAKE_UV_LOG.args"  # what it was given
+[ -e "$out" ] && echo "an output file to keep pins of" >> "$FAKE_UV_LOG"
 cat "$FAKE_UV_CLOSURE" > "$out"
 """
 
@@ -50,8 +51,7 @@ def resolver(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_UV_LOG", str(log))
     monkeypatch.setenv("FAKE_UV_CLOSURE", str(tmp_path / "closure.txt"))
-    for var in ("MRL_REFRESH", "MRL_CLOSURE_MAX_AGE"):
-        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("MRL_REFRESH", raising=False)
     work = tmp_path / "work"  # no uv.toml or pyproject.toml above the resolver's folder but the system's
     work.mkdir()
     monkeypatch.chdir(work)
@@ -70,8 +70,11 @@ def _env(constraints=("jax==0.8.0",)) -> Environment:
                        torch, pathlib.Path("maxtext.whl"), "")
 
 
-def _resolve(index, cache, env=None, requirement="maxtext-rl-overlay[maxtext]==0.1.0"):
-    return closures.resolve(index, requirement, "python3", env or _env(), cache=cache)
+CUTOFF = "2026-11-30T20:00:00Z"
+
+
+def _resolve(index, cache, env=None, requirement="maxtext-rl-overlay[maxtext]==0.1.0", cutoff=CUTOFF):
+    return closures.resolve(index, requirement, "python3", env or _env(), cutoff=cutoff, cache=cache)
 
 
 def test_same_inputs_reuse_the_resolution(resolver, capsys):
@@ -94,11 +97,11 @@ def test_the_index_is_keyed_by_content_not_folder(resolver, tmp_path):
     assert runs() == 1
 
 
-@pytest.mark.parametrize("change", ["wheel bytes", "new wheel", "constraint", "requirement", "torch", "uv setting", "uv.toml"])
+@pytest.mark.parametrize("change", ["wheel bytes", "new wheel", "constraint", "requirement", "torch", "cutoff", "uv setting", "uv.toml"])
 def test_a_changed_input_is_a_miss(resolver, change, monkeypatch):
     index, cache, runs = resolver
     _resolve(index, cache)
-    env, requirement = _env(), "maxtext-rl-overlay[maxtext]==0.1.0"
+    env, requirement, cutoff = _env(), "maxtext-rl-overlay[maxtext]==0.1.0", CUTOFF
     if change == "wheel bytes":
         fake_wheel(index, "google-tunix", "0.1.7+mrl", extra="# patched\n")
     elif change == "new wheel":
@@ -110,11 +113,13 @@ def test_a_changed_input_is_a_miss(resolver, change, monkeypatch):
     elif change == "torch":
         env = Environment(**{**env.__dict__, "torch": Torch("2.11.0+cpu", "2.11.0+cpu", "0.26.0+cpu", "0.26.0+cpu", ("https://example.invalid/cpu",), False)})
         (pathlib.Path(os.environ["FAKE_UV_CLOSURE"])).write_text(CLOSURE.replace("==2.11.0", "==2.11.0+cpu").replace("==0.26.0", "==0.26.0+cpu"))
+    elif change == "cutoff":
+        cutoff = "2026-12-05T12:00:00Z"
     elif change == "uv setting":
         monkeypatch.setenv("UV_EXCLUDE_NEWER", "2026-01-01T00:00:00Z")
     elif change == "uv.toml":
         pathlib.Path("uv.toml").write_text('prerelease = "allow"\n')
-    _resolve(index, cache, env, requirement)
+    _resolve(index, cache, env, requirement, cutoff)
     assert runs() == 2, f"a changed {change} reused the old resolution"
     assert len(list((cache / "closures").iterdir())) == 2
 
@@ -148,23 +153,33 @@ def test_the_torch_check_runs_on_a_cached_answer(resolver):
     assert runs() == 1
 
 
-def test_refresh_and_age_resolve_afresh(resolver, monkeypatch, capsys):
+def test_the_cutoff_reaches_uv_and_no_output_file_is_there_to_prefer(resolver):
     index, cache, runs = resolver
     _resolve(index, cache)
+    log = pathlib.Path(os.environ["FAKE_UV_LOG"])
+    assert f" --exclude-newer {CUTOFF} " in f" {(log.parent / (log.name + '.args')).read_text().strip()} "
+    assert log.read_text() == "compile\n", "uv was given an existing output file: its pins would be preferences"
+
+
+def test_refresh_resolves_afresh_and_a_cached_answer_has_no_age(resolver, monkeypatch, capsys):
+    """With the cutoff in the key, a cached answer is what a fresh resolution
+    gives on any day: it is reused however old (a day-old one was resolved
+    afresh before); MRL_REFRESH=1 still resolves afresh."""
+    index, cache, runs = resolver
+    _resolve(index, cache)
+    (entry,) = (cache / "closures").iterdir()
+    data = json.loads(entry.read_text())
+    assert data["inputs"]["exclude_newer"] == CUTOFF and "created" not in data
+    os.utime(entry, (0, 0))  # as old as can be
+    _resolve(index, cache)
+    assert runs() == 1
+    assert f"(the registry as of {CUTOFF}; MRL_REFRESH=1 resolves afresh)" in capsys.readouterr().err
     monkeypatch.setenv("MRL_REFRESH", "1")
     _resolve(index, cache)
     assert runs() == 2
     monkeypatch.setenv("MRL_REFRESH", "0")  # off, as an empty value
     _resolve(index, cache)
     assert runs() == 2
-    monkeypatch.delenv("MRL_REFRESH")
-    monkeypatch.setenv("MRL_CLOSURE_MAX_AGE", "0")
-    _resolve(index, cache)
-    assert runs() == 3
-    assert "resolving afresh" in capsys.readouterr().err
-    monkeypatch.delenv("MRL_CLOSURE_MAX_AGE")
-    _resolve(index, cache)
-    assert runs() == 3
 
 
 def test_a_failed_resolution_is_not_cached(resolver):
@@ -203,7 +218,7 @@ def test_the_resolution_names_its_inputs_by_file_name_wherever_the_tool_runs(tmp
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
     monkeypatch.chdir(temp)
-    closure = closures.uv_compile(index, "maxtext-rl-overlay", sys.executable, _env(), {})
+    closure = closures.uv_compile(index, "maxtext-rl-overlay", sys.executable, _env(), CUTOFF)
     assert "#   -c maxtext-and-torch-constraints.txt\n" in closure, closure
     assert "mrl-resolve-" not in closure, closure
 

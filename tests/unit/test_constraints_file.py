@@ -1,7 +1,9 @@
 """constraints.txt as the build writes it: how it was made, why each package
-is there (`# via`), which uv it needs, and a resolution that prefers the
-committed file's versions. The uv runs here are real (the tool venv's),
-offline, on wheels made here."""
+is there (`# via`), which uv it needs, and a closure that is the registry's
+as of the project's resolution cutoff, whatever the caches hold, whatever
+the registry got since, whatever file was there before. The uv runs here
+are real (the tool venv's), offline, on wheels made here and a registry
+served here (PEP 700 upload times, as the real one serves them)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ import sys
 import pytest
 from packaging.version import Version
 
-from maxtext_rl_overlay import closures, constraintsfile, inputdigests, manifest, overlayfiles
+from maxtext_rl_overlay import build, closures, constraintsfile, inputdigests, manifest, overlayfiles
 from maxtext_rl_overlay.environment import Environment, Torch
+from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
 from support import ROOT
-from unit.unit_support import UV, installable_wheel, uv_offline_env
+from unit.unit_support import UV, PackageIndex, installable_wheel, uv_offline_env
 
 
 def test_this_uv_refuses_a_wheel_whose_hash_the_constraints_contradict(tmp_path):
@@ -49,48 +52,98 @@ def _env(find_links: tuple[str, ...]) -> Environment:
     return Environment("maxtext[tpu-post-train]==0.2.4", "maxtext", (), "maxtext.whl:overrides.txt", torch, pathlib.Path("maxtext.whl"), "")
 
 
+CUTOFF = "2026-11-30T20:00:00Z"
+#: When the registry got each file (PEP 700 upload-time): mrl-probe 1.1 after the cutoff.
+UPLOADED = {"mrl_probe-1.0-py3-none-any.whl": "2026-11-01T00:00:00Z", "mrl_probe-1.1-py3-none-any.whl": "2026-12-05T09:00:00Z",
+            "torch-2.11.0-py3-none-any.whl": "2026-06-01T00:00:00Z", "torchvision-0.26.0-py3-none-any.whl": "2026-06-01T00:00:00Z"}
+REQUIREMENT = "maxtext-rl-overlay==0.1.0+mrl.2.abc"
+
+
 @pytest.fixture
-def index(tmp_path, monkeypatch):
-    """(index folder, find-links folder): the overlay wheel needs mrl-probe,
-    of which 1.0 and 1.1 are there, and the closure's torch."""
+def registry(tmp_path, monkeypatch):
+    """(index folder, served folder, the registry): the overlay's wheel, in
+    the index folder (find-links: no upload time), needs mrl-probe, of which
+    the registry serves 1.0 and, uploaded after CUTOFF, 1.1; and the
+    closure's torch."""
     monkeypatch.delenv("MRL_REFRESH", raising=False)
     for key, value in uv_offline_env(tmp_path).items():
         monkeypatch.setenv(key, value)
-    idx, links = tmp_path / "index", tmp_path / "links"
+    idx, served = tmp_path / "index", tmp_path / "served"
     idx.mkdir()
-    links.mkdir()
+    served.mkdir()
     installable_wheel(idx, "maxtext-rl-overlay", "0.1.0+mrl.2.abc", ("mrl-probe", "torch", "torchvision"))
-    for version in ("1.0", "1.1"):
-        installable_wheel(links, "mrl-probe", version)
-    installable_wheel(links, "torch", "2.11.0")
-    installable_wheel(links, "torchvision", "0.26.0")
-    return idx, links
+    for name, version in (("mrl-probe", "1.0"), ("mrl-probe", "1.1"), ("torch", "2.11.0"), ("torchvision", "0.26.0")):
+        installable_wheel(served, name, version)
+    with PackageIndex(served, dict(UPLOADED)) as index:
+        monkeypatch.setenv("UV_DEFAULT_INDEX", index.url)
+        yield idx, served, index
 
 
-def test_a_fresh_resolution_keeps_the_committed_versions(index, tmp_path, capsys):
-    idx, links = index
-    env = _env((str(links),))
-    requirement = "maxtext-rl-overlay==0.1.0+mrl.2.abc"
-    fresh = closures.resolve(idx, requirement, sys.executable, env, cache=tmp_path / "cache1")
-    assert "\nmrl-probe==1.1 " in fresh, "without preferences: the newest"
-    assert re.search(r"\nmrl-probe==1\.1 \\\n(    --hash=\S+\n)+    # via maxtext-rl-overlay\n", fresh), fresh
-    assert "#   -c maxtext-and-torch-constraints.txt\n" in fresh and "mrl-resolve-" not in fresh, "annotations name no temporary path"
-    committed = tmp_path / "constraints.txt"
-    committed.write_text("# a committed file\n--find-links ./dist\nmaxtext-rl-overlay==0.1.0+mrl.1.old \\\n    --hash=sha256:" + "0" * 64
-                         + "\nmrl-probe==1.0 \\\n    --hash=sha256:" + "1" * 64 + "\nsix==1.0\ntorch==2.11.0\n")
-    kept = closures.resolve(idx, requirement, sys.executable, env, cache=tmp_path / "cache2", preferences=committed)
-    assert "\nmrl-probe==1.0 " in kept and kept.startswith("maxtext-rl-overlay==0.1.0+mrl.2.abc ")
-    err = capsys.readouterr().err
-    # The overlay's own line is not a preference: the index has its new build.
-    assert "preferring the 3 versions pinned in constraints.txt" in err
-    assert "kept 2 of the 3 preferred versions; new: maxtext-rl-overlay 0.1.0+mrl.2.abc, torchvision 0.26.0; no longer needed: six" in err
+def test_a_file_uploaded_after_the_cutoff_is_never_picked(registry, tmp_path):
+    idx, _, _ = registry
+    closure = closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "cache")
+    assert "\nmrl-probe==1.0 " in closure and "mrl-probe==1.1" not in closure, closure
+    assert closure.startswith("maxtext-rl-overlay==0.1.0+mrl.2.abc "), "the overlay's own wheel has no upload time, and is found all the same"
+    assert re.search(r"\nmrl-probe==1\.0 \\\n(    --hash=\S+\n)+    # via maxtext-rl-overlay\n", closure), closure
+    assert "#   -c maxtext-and-torch-constraints.txt\n" in closure and "mrl-resolve-" not in closure, "annotations name no temporary path"
+    later = closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff="2026-12-05T12:00:00Z", cache=tmp_path / "cache")
+    assert "\nmrl-probe==1.1 " in later, "a later cutoff sees the later upload"
+
+
+def test_one_cutoff_one_closure_whatever_the_caches_hold_and_the_registry_got_since(registry, tmp_path, monkeypatch):
+    """The closure is the registry's as of the cutoff: from an empty uv cache
+    or one filled before the registry changed, resolved afresh or reused,
+    after a release (and another, with no upload time recorded as late as
+    can be) is uploaded, it is the same text."""
+    idx, served, index = registry
+    first = closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "tool-cache")
+    installable_wheel(served, "mrl-probe", "1.2")  # uploaded while the next build runs
+    index.uploaded["mrl_probe-1.2-py3-none-any.whl"] = "2026-12-06T01:00:00Z"
+    again = {"the cached answer": closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "tool-cache")}
+    monkeypatch.setenv("MRL_REFRESH", "1")
+    again["afresh, the uv cache of before"] = closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "tool-cache")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "empty-uv-cache"))
+    again["afresh, an empty uv cache"] = closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "empty")
+    for how, closure in again.items():
+        assert closure == first, how
+    assert "mrl-probe==1.0 " in first
+
+
+def _constraints(closure: str, cutoff: str = CUTOFF) -> str:
+    inputs = {"maxtext-rl-overlay": "a" * 64, "google-tunix": "b" * 64}
+    return constraintsfile.constraints_text(closure, {}, "./dist", notes=[], env=_env(()), made_by=MADE_BY, inputs=inputs, cutoff=cutoff)
+
+
+def test_the_file_a_build_replaces_is_a_witness_not_a_preference(tmp_path, capsys):
+    """Made from the same inputs, its pins must be the new closure's, or the
+    registry moved under the cutoff (a release yanked or deleted since): the
+    build stops, naming each package. Made otherwise (another cutoff), the
+    pins that moved are said."""
+    closure = "deleted==1.0\ntorch==2.11.0\nwcwidth==0.9.4\n"
+    path = tmp_path / "constraints.txt"
+    path.write_text(_constraints(closure))
+    build._compare_with_previous(path, _constraints(closure), set())
+    assert f"against the file it replaces (resolution cutoff {CUTOFF}): no pin moved (the overlay's own aside)" in capsys.readouterr().err
+    with pytest.raises(OverlayError, match=re.escape(f"the registry no longer gives, as of the resolution cutoff {CUTOFF}, the closure that {path} "
+                                                     "was made with from these same inputs: deleted 1.0 (gone); wcwidth 0.9.4 -> 0.9.3."
+                                                     " What the cutoff cannot pin has moved upstream (a file yanked or deleted since)")):
+        build._compare_with_previous(path, _constraints("torch==2.11.0\nwcwidth==0.9.3\n"), set())
+    build._compare_with_previous(path, _constraints("deleted==1.0\ntorch==2.11.0\nwcwidth==0.9.5\n", "2026-12-05T12:00:00Z"), set())
+    assert ("against the file it replaces (resolution cutoff 2026-11-30T20:00:00Z -> 2026-12-05T12:00:00Z): 1 pins moved: wcwidth 0.9.4 -> 0.9.5"
+            in capsys.readouterr().err)
+    path.write_text(_constraints(closure).replace(constraintsfile.CUTOFF_LINE, "# a file from before the cutoff: "))
+    build._compare_with_previous(path, _constraints("deleted==1.0\ntorch==2.11.0\nwcwidth==0.9.3\n"), set())  # no cutoff recorded: no witness
+    assert "(resolution cutoff none -> 2026-11-30T20:00:00Z): 1 pins moved: wcwidth 0.9.4 -> 0.9.3" in capsys.readouterr().err
 
 
 def test_header_says_how_it_was_made_and_ours_keep_their_annotations():
     closure = ("google-tunix==0.1.7+mrl.2 \\\n    --hash=sha256:" + "9" * 64 + "\n    # via maxtext-rl-overlay\n"
                "jax==0.11.0 \\\n    --hash=sha256:" + "a" * 64 + "\n    # via\n    #   flax\n    #   maxtext\n")
     text = constraintsfile.constraints_text(closure, {"google_tunix-0.1.7+mrl.2-py3-none-any.whl": "b" * 64}, "./dist", notes=["a note."],
-                                            env=_env(()), made_by=("Made by: maxtext-rl-overlay build --unpinned", "  with uv 0.13.9"))
+                                            env=_env(()), made_by=("Made by: maxtext-rl-overlay build --unpinned", "  with uv 0.13.9"), cutoff=CUTOFF)
+    assert (f"\n# Resolved against the package registry as of {CUTOFF} (pyproject.toml's resolution-cutoff, uv's --exclude-newer): "
+            "nothing uploaded later is pinned.\n# Made by:") in text
+    assert constraintsfile.recorded_cutoff(text) == CUTOFF and constraintsfile.recorded_cutoff(_header(None)) == ""
     assert f"# Needs uv >= {constraintsfile.UV_CHECKS_CONSTRAINT_HASHES}: " in text
     assert "\n# Made by: maxtext-rl-overlay build --unpinned\n#   with uv 0.13.9\n" in text
     assert "\ngoogle-tunix==0.1.7+mrl.2 \\\n    --hash=sha256:" + "b" * 64 + "\n    # via maxtext-rl-overlay\n" in text

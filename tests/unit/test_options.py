@@ -98,6 +98,7 @@ def test_lint_refuses_a_wrongly_typed_pin_file(project):
     ("find-links = ", "{line}\nfind_links = []", "[tool.maxtext-rl-overlay.torch]: unknown key(s) 'find_links' (did you mean 'find-links'?)"),
     ("revision = ", "revision = true", "revision must be a whole number (0 or more), not True"),
     ("revision = ", "revision = -1", "revision must be a whole number (0 or more), not -1"),
+    ("resolution-cutoff = ", 'resolution-cutoff = "2026-11-30"', "resolution-cutoff: '2026-11-30' is not a time in UTC written as YYYY-MM-DDTHH:MM:SSZ"),
     ("vllm-adapter = ", "vllm-adapter = 1", "[tool.maxtext-rl-overlay.maxtext]: vllm-adapter must be a string"),
     ("find-links = ", 'find-links = "https://download.pytorch.org/whl/cpu/torch/"', "[tool.maxtext-rl-overlay.torch]: find-links must be a list of strings"),
     ("overrides-file = ", "", "[tool.maxtext-rl-overlay.maxtext] lacks the key 'overrides-file'"),
@@ -112,7 +113,8 @@ def test_lint_refuses_a_wrongly_typed_pin_file(project):
      "[tool.maxtext-rl-overlay.maxtext]: extra = 'maxtex' names no extra of [project.optional-dependencies] (did you mean 'maxtext'?); "
      "its extras: build, maxtext, test."),
     ("maxtext = [", 'maxtext = ["maxtext[tpu-post-train]>=0.2.4"]', "the 'maxtext' extra must name one MaxText release and one of its extras exactly"),
-], ids=["revison", "overides-file", "find_links", "revision-bool", "revision-negative", "adapter-int", "find-links-string", "no-overrides-file",
+], ids=["revison", "overides-file", "find_links", "revision-bool", "revision-negative", "cutoff-a-date", "adapter-int", "find-links-string",
+        "no-overrides-file",
         "version-dynamic", "version-not-pep440", "dependencies-string", "dependency-invalid", "no-dependencies",
         "extra-string", "extra-unknown", "extra-not-exact"])
 def test_the_project_table_is_checked(project, line, new, says):
@@ -154,25 +156,57 @@ def test_lint_checks_the_matrix_table_too(project, pattern, new, says):
 
 
 def test_project_defaults():
-    opts = options.project_options({"revision": 0, "maxtext": {"overrides-file": "o.txt"}}, "pyproject.toml")
-    assert opts == options.ProjectOptions(0, options.MaxTextOptions("o.txt", "maxtext", ""), options.TorchOptions(()), {})
+    opts = options.project_options({"revision": 0, "resolution-cutoff": "2026-11-30T20:00:00Z", "maxtext": {"overrides-file": "o.txt"}},
+                                   "pyproject.toml")
+    assert opts == options.ProjectOptions(0, "2026-11-30T20:00:00Z", options.MaxTextOptions("o.txt", "maxtext", ""), options.TorchOptions(()), {})
     real = load_project(ROOT).options
     assert isinstance(real.revision, int) and real.maxtext.extra == "maxtext" and real.torch.find_links and real.matrix["cells"]
+    assert load_project(ROOT).resolution_cutoff == real.resolution_cutoff
+
+
+@pytest.mark.parametrize("value", ["2026-11-30", "2026-11-30T20:00:00", "2026-11-30T20:00:00+00:00", "2026-11-30T20:00Z",
+                                   "2026-11-31T20:00:00Z", "2026-11-30 20:00:00Z", ""])
+def test_the_resolution_cutoff_has_one_spelling(value):
+    """One time, one spelling: it is a cache key and the constraints header's words."""
+    data = {"revision": 0, "resolution-cutoff": value, "maxtext": {"overrides-file": "o.txt"}}
+    with pytest.raises(OverlayError, match=re.escape(f"resolution-cutoff: {value!r} is not a time in UTC written as YYYY-MM-DDTHH:MM:SSZ")):
+        options.project_options(data, "pyproject.toml")
+    with pytest.raises(OverlayError, match="lacks the key 'resolution-cutoff'"):
+        options.project_options({"revision": 0, "maxtext": {"overrides-file": "o.txt"}}, "pyproject.toml")
+    assert options.cutoff_value(options.cutoff_now(), "now")
+
+
+def test_the_cutoff_command_prints_the_cutoff_and_moves_it_in_place(project):
+    """`maxtext-rl-overlay cutoff`: the one command that moves it, editing
+    only its line of pyproject.toml (the comments that explain it kept)."""
+    def cutoff(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "maxtext_rl_overlay", "cutoff", *args, "--project", str(project)],
+                              capture_output=True, text=True)
+
+    before = (project / "pyproject.toml").read_text()
+    old = load_project(project).resolution_cutoff
+    assert cutoff().stdout == f"resolution-cutoff: {old}\n"
+    moved = cutoff("--set", "2026-12-05T12:00:00Z")
+    assert moved.returncode == 0 and moved.stdout.startswith(f"resolution-cutoff: {old} -> 2026-12-05T12:00:00Z in "), moved.stderr
+    assert "the build lists the pins that moved" in moved.stdout
+    assert (project / "pyproject.toml").read_text() == before.replace(f'resolution-cutoff = "{old}"', 'resolution-cutoff = "2026-12-05T12:00:00Z"')
+    refused = cutoff("--set", "2026-12-05")
+    assert refused.returncode == 2 and "'2026-12-05' is not a time in UTC written as YYYY-MM-DDTHH:MM:SSZ" in refused.stderr
+    assert load_project(project).resolution_cutoff == "2026-12-05T12:00:00Z", "a refused value changes nothing"
+    assert cutoff("--now").returncode == 0 and load_project(project).resolution_cutoff > "2026-12-05T12:00:00Z"
 
 
 def test_environment_defaults_and_checks(tmp_path):
     home = pathlib.Path("~/.cache/maxtext-rl-overlay").expanduser()
-    assert options.settings({}) == options.Settings(home, False, 24 * 3600.0, None)
+    assert options.settings({}) == options.Settings(home, False, None)
     assert options.settings({"XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "maxtext-rl-overlay"
     assert options.settings({"MRL_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/elsewhere"}).cache_dir == tmp_path / "c"
     for on in ("1", "true", "YES", "on"):
         assert options.settings({"MRL_REFRESH": on}).refresh
     for off in ("", "0", "false", "no", "off"):
         assert not options.settings({"MRL_REFRESH": off}).refresh
-    assert options.settings({"MRL_CLOSURE_MAX_AGE": "0"}).closure_max_age == 0
-    assert options.settings({"MRL_CLOSURE_MAX_AGE": "90.5"}).closure_max_age == 90.5
     assert options.settings({"MRL_PYTHON": "/usr/bin/python3.12"}).python == "/usr/bin/python3.12"
-    for name, value in (("MRL_REFRESH", "maybe"), ("MRL_CLOSURE_MAX_AGE", "-1"), ("MRL_CLOSURE_MAX_AGE", "a day"), ("MRL_CLOSURE_MAX_AGE", "inf")):
+    for name, value in (("MRL_REFRESH", "maybe"),):
         with pytest.raises(OverlayError, match=re.escape(f"{name}={value!r}: expected")):
             options.settings({name: value})
 

@@ -119,6 +119,7 @@ def test_constraints_pin_exactly_what_the_pins_and_revision_build():
     assert vllm and f"+{PROJECT.local_label}.unpinned." in vllm.group(1), "the vLLM line must be our build, labelled unpinned"
     assert "# NOT built from the pins: stand-in sources for vllm " in text, "vllm must be the only stand-in source, said so"
     assert "# STAND-IN torch " in text
+    assert constraintsfile.recorded_cutoff(text) == PROJECT.resolution_cutoff, "the header names the cutoff it was resolved against"
 
 
 def test_readme_commands_are_the_ones_ci_runs():
@@ -186,6 +187,9 @@ def test_the_cells_bound_their_tests_with_the_tool_suites_plugin():
         assert plugin_pin in pyproject["project"]["optional-dependencies"]["test"]
     (_, plugin) = testmatrix.install_commands(["uv", "pip", "install", "-c", "constraints.txt", "maxtext-rl-overlay"], ROOT / "c.txt", "PY")
     assert plugin[-3:] == ["pytest", testmatrix.HYPOTHESIS, testmatrix.TIMEOUT_PLUGIN]
+    # pytest's own requirements are not in the closure: resolved against the registry as of the index's cutoff.
+    (cmd, plugin) = testmatrix.install_commands(["uv", "pip", "install", "-c", "constraints.txt", "maxtext-rl-overlay"], ROOT / "constraints.txt", "PY")
+    assert plugin[plugin.index("--exclude-newer") + 1] == PROJECT.resolution_cutoff and "--exclude-newer" not in cmd, plugin
     assert isinstance(pyproject["tool"]["pytest"]["ini_options"]["timeout"], int)
     constraints = (ROOT / "constraints.txt").read_text()
     assert re.search(rf"(?m)^{re.escape(testmatrix.HYPOTHESIS)} \\\n\s+--hash=sha256:", constraints), "constraints.txt pins another hypothesis"

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 import yaml
 
 from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import set_pin_values
+from maxtext_rl_overlay.pins import load_project, set_pin_values
 from support import ROOT
 from unit.unit_support import GIT_ENV, PackageIndex, commit_files, fake_wheel, git, maxtext_version, patch_of, pin_series
 
@@ -66,7 +67,7 @@ def test_a_carried_series_makes_a_ready_pull_request_with_the_report_and_the_cou
     pr = refresh.pull_request([move], [refresh.Step("scripts/rebase.sh tpu-inference v0.32.0", 0, REPORT)],
                               refresh.Step("scripts/build-wheels.sh", 0, ""),
                               refresh.Step("scripts/test-matrix.sh --platform cpu --quick", 0, "...\nmatrix: 385 passed, 0 failed, 68 skipped\n"),
-                              TODAY)
+                              TODAY, cutoff=("2026-11-30T20:00:00Z", "2026-12-07T06:00:00Z"), moved=["numpy 2.3.1 -> 2.3.2", "wcwidth 0.9.4 -> 0.9.5"])
     assert pr["branch"] == "refresh/2026-12-07-tpu-inference-v0.32.0" and pr["draft"] is False
     assert pr["title"] == "Refresh: tpu-inference-v0.32.0"
     body = pr["body"]
@@ -74,6 +75,8 @@ def test_a_carried_series_makes_a_ready_pull_request_with_the_report_and_the_cou
     backport = "backport-984b29c49-Use-raw-Mesh-constructor-when-device_indexes-is-set.patch"
     assert f"- {backport} (dropped: already upstream  (Applied-Upstream: b8692ff01fa1))" in body
     assert "- 385 passed, 0 failed, 68 skipped" in body
+    assert "### Resolution cutoff: `2026-11-30T20:00:00Z` -> `2026-12-07T06:00:00Z`\n" in body
+    assert "\n- numpy 2.3.1 -> 2.3.2\n- wcwidth 0.9.4 -> 0.9.5\n" in body
     assert "conflict" not in body.lower()
 
 
@@ -174,6 +177,8 @@ if [ "${FAKE_BUILD:-}" = fail ]; then
   echo "maxtext-rl-overlay: error: tpu-inference: uv build failed (exit 1): setup.py: no such file" >&2
   exit 3
 fi
+# A pin the new cutoff moved:
+sed -i -E 's/^absl-py==[^ ]+ /absl-py==9.9.9 /' "$(dirname "$0")/../constraints.txt"
 echo "# regenerated from the new pins" >> "$(dirname "$0")/../constraints.txt"
 """
 FAKE_MATRIX = """#!/usr/bin/env bash
@@ -283,15 +288,28 @@ def world(tmp_path, request) -> Iterator[World]:
         yield made
 
 
+def _subjects(world: World, branch: str = BRANCH) -> list[str]:
+    """The subjects of the branch's commits after the first, which moves the cutoff."""
+    (first, *rest) = [subject for _, subject, _ in world.pushed(branch)]
+    assert first.startswith("Refresh: resolution-cutoff "), first
+    return rest
+
+
 def _finish(body: str) -> list[str]:
     """The commands of the body's "How to finish"."""
     return body.split("### How to finish", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
 
 
 def test_both_pins_move_in_one_run_one_commit_each_and_one_ready_pull_request(world):
+    old_cutoff = load_project(world.project).resolution_cutoff
+    old_absl = re.search(r"(?m)^absl-py==(\S+) ", (world.project / "constraints.txt").read_text())
+    assert old_absl, "the project's constraints.txt pins absl-py"
     done = world.refresh()
     assert done.returncode == 0, done.stderr
+    new_cutoff = tomllib.loads(git(world.origin, "show", f"{BRANCH}:pyproject.toml"))["tool"]["maxtext-rl-overlay"]["resolution-cutoff"]
+    assert new_cutoff > old_cutoff, "the refresh moves the cutoff to its own time"
     assert world.pushed() == [
+        (refresh.EMAIL, f"Refresh: resolution-cutoff {old_cutoff} -> {new_cutoff}", "pyproject.toml"),
         (refresh.EMAIL, "Refresh: rebase google-tunix v0.1.9", "patches/google-tunix/0001-Set-A-to-3.patch patches/google-tunix/pin.toml"),
         (refresh.EMAIL, "Refresh: rebase tpu-inference v0.26.0", "patches/tpu-inference/0001-Set-A-to-3.patch patches/tpu-inference/pin.toml"),
         (refresh.EMAIL, refresh.BUILT, "constraints.txt")]
@@ -304,6 +322,8 @@ def test_both_pins_move_in_one_run_one_commit_each_and_one_ready_pull_request(wo
         assert f"### `{move}` (exit 0)" in body
     assert body.count("0001-Set-A-to-3.patch  ") == 2 and "How to finish" not in body
     assert "- 12 passed, 0 failed, 3 skipped" in body
+    assert f"### Resolution cutoff: `{old_cutoff}` -> `{new_cutoff}`\n\nEvery resolution sees the package registry as of the cutoff" in body
+    assert f"\n- absl-py {old_absl.group(1)} -> 9.9.9\n" in body, "every pin that moved, old -> new"
     assert (world.top / "log" / "matrix").read_text().split() == ["--platform", "cpu", "--quick", "--wheels", "dist"]
     (built,) = (world.top / "log" / "build").read_text().splitlines()
     assert "--source google-tunix=" in built and "--source tpu-inference=" in built
@@ -320,7 +340,8 @@ def test_a_conflict_in_the_first_move_opens_a_draft_whose_commands_finish_it_on_
     assert (f"**Stopped at a conflict** in `{TUNIX_MOVE}`: 0001-Set-A-to-3.patch. No move is committed on this branch (only a record of the stop); "
             "this one and those after it are not.") in body
     assert f"### `{TPU_MOVE}`\n\n- not run (a move before it stopped)" in body
-    (stop,) = world.pushed()
+    (cutoff, stop) = world.pushed()
+    assert cutoff[1].startswith("Refresh: resolution-cutoff ") and cutoff[2] == "pyproject.toml", "the cutoff moved first"
     assert stop[:2] == (refresh.EMAIL, f"Refresh stopped at {TUNIX_MOVE}") and stop[2] == "", "an empty commit: the pull request has one"
     finish = _finish(body)
     assert finish[0] == f"git fetch origin {BRANCH} && git checkout {BRANCH}"
@@ -346,7 +367,7 @@ def test_a_conflict_in_the_first_move_opens_a_draft_whose_commands_finish_it_on_
             git(work, "add", TUNIX_CODE)
         else:
             assert ran.returncode == 0, f"{command}:\n{ran.stdout}{ran.stderr}"
-    assert [subject for _, subject, _ in world.pushed()] == [
+    assert _subjects(world) == [
         f"Refresh stopped at {TUNIX_MOVE}", "Refresh: rebase google-tunix v0.1.9", "Refresh: rebase tpu-inference v0.26.0", refresh.BUILT]
     assert {d: world.pin(d) for d in world.moved} == world.moved
 
@@ -355,7 +376,7 @@ def test_a_conflict_in_the_first_move_opens_a_draft_whose_commands_finish_it_on_
 def test_a_conflict_in_the_second_move_keeps_the_first_committed(world):
     done = world.refresh()
     assert done.returncode == 0, done.stderr
-    assert [subject for _, subject, _ in world.pushed()] == ["Refresh: rebase google-tunix v0.1.9", f"Refresh stopped at {TPU_MOVE}"]
+    assert _subjects(world) == ["Refresh: rebase google-tunix v0.1.9", f"Refresh stopped at {TPU_MOVE}"]
     assert world.pin("google-tunix") == world.moved["google-tunix"] and world.pin("tpu-inference") != world.moved["tpu-inference"]
     (pr,) = world.prs()
     body = pr["body"]
@@ -376,7 +397,7 @@ def test_a_conflict_in_the_second_move_keeps_the_first_committed(world):
 def test_a_failed_build_opens_a_draft_with_the_build_s_error(world):
     done = world.refresh(build="fail")
     assert done.returncode == 0, done.stderr
-    assert [subject for _, subject, _ in world.pushed()] == ["Refresh: rebase google-tunix v0.1.9", "Refresh: rebase tpu-inference v0.26.0"]
+    assert _subjects(world) == ["Refresh: rebase google-tunix v0.1.9", "Refresh: rebase tpu-inference v0.26.0"]
     (pr,) = world.prs()
     body = pr["body"]
     assert pr["draft"] is True
@@ -394,7 +415,7 @@ def test_a_same_day_rerun_updates_its_branch_and_pull_request_and_leaves_a_perso
     again = world.refresh(build="fail")
     assert again.returncode == 0, again.stderr
     assert git(world.origin, "rev-parse", BRANCH) != first, "the branch was updated"
-    assert [subject for _, subject, _ in world.pushed()] == ["Refresh: rebase google-tunix v0.1.9", "Refresh: rebase tpu-inference v0.26.0"]
+    assert _subjects(world) == ["Refresh: rebase google-tunix v0.1.9", "Refresh: rebase tpu-inference v0.26.0"]
     (pr,) = world.prs()
     assert pr["draft"] is True and pr["title"].endswith("(needs work)") and "**The build failed**" in pr["body"], "the open one, updated"
     assert ["pr", "ready", "1", "--undo"] in world.calls()
@@ -411,7 +432,7 @@ def test_a_same_day_rerun_updates_its_branch_and_pull_request_and_leaves_a_perso
     assert git(world.origin, "rev-parse", BRANCH) == theirs
     assert "holds commits by u@u: left alone" in third.stderr
     assert [(p["head"], p["draft"]) for p in world.prs()] == [(BRANCH, True), (f"{BRANCH}-2", False)]
-    assert len(world.pushed(f"{BRANCH}-2")) == 3
+    assert len(_subjects(world, f"{BRANCH}-2")) == 3
 
 
 def test_the_refresh_replaces_only_its_own_outputs(tmp_path):

@@ -175,9 +175,15 @@ def maxtext_release(folder: pathlib.Path, version: str, commits: dict[str, str],
 class PackageIndex:
     """The wheels of `folder`, served on 127.0.0.1 as a package index's JSON
     simple API (PEP 691: what registry.files reads), in a thread; `url` is
-    the index to name in UV_DEFAULT_INDEX."""
+    the index to name in UV_DEFAULT_INDEX. `uploaded` (file name: an RFC 3339
+    time) serves each file's PEP 700 `upload-time`, as the registry does
+    (what uv's --exclude-newer reads); `yanked`: the files served as yanked.
+    Both are read at each request: a test may change them meanwhile."""
 
-    def __init__(self, folder: pathlib.Path):
+    def __init__(self, folder: pathlib.Path, uploaded: dict[str, str] | None = None, yanked: set[str] | None = None):
+        self.uploaded = uploaded if uploaded is not None else {}
+        self.yanked = yanked if yanked is not None else set()
+        index = self
         import http.server
         import json
         import threading
@@ -188,24 +194,29 @@ class PackageIndex:
             def log_message(self, format, *args):  # noqa: A002 - the base class's name
                 pass
 
-            def do_GET(self):
+            def do_HEAD(self):  # uv asks before it reads a wheel's metadata
+                self.do_GET(body=False)
+
+            def do_GET(self, body: bool = True):
                 parts = [p for p in self.path.split("?")[0].split("/") if p]
                 if len(parts) == 2 and parts[0] == "simple":
                     wheels = [w for w in sorted(folder.glob("*.whl")) if canonicalize_name(parse_wheel_filename(w.name)[0]) == parts[1]]
-                    body = json.dumps({"meta": {"api-version": "1.0"}, "name": parts[1], "files": [
-                        {"filename": w.name, "url": f"/files/{w.name}", "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()}}
-                        for w in wheels]}).encode()
+                    files = [{"filename": w.name, "url": f"/files/{w.name}", "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()},
+                              **({"upload-time": index.uploaded[w.name]} if w.name in index.uploaded else {}),
+                              **({"yanked": True} if w.name in index.yanked else {})} for w in wheels]
+                    data = json.dumps({"meta": {"api-version": "1.1" if index.uploaded else "1.0"}, "name": parts[1], "files": files}).encode()
                     kind = "application/vnd.pypi.simple.v1+json"
                 elif len(parts) == 2 and parts[0] == "files" and (folder / parts[1]).is_file():
-                    body, kind = (folder / parts[1]).read_bytes(), "application/octet-stream"
+                    data, kind = (folder / parts[1]).read_bytes(), "application/octet-stream"
                 else:
                     self.send_error(404)
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(body)
+                if body:
+                    self.wfile.write(data)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

@@ -54,10 +54,10 @@ import zipfile
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
-from .. import buildcache, registry, sources, tomledit
+from .. import buildcache, closures, registry, sources, tomledit
 from ..errors import OverlayError
 from ..git import git
-from ..options import maxtext_requirement
+from ..options import cutoff_now, maxtext_requirement
 from ..pins import DISTRIBUTIONS, load_project
 from ..staging import recover, remove_tree, write_atomically
 from . import machine, state
@@ -110,6 +110,7 @@ class Plan:
     extra: tuple[str, str]  # pyproject's `maxtext` extra: now, and as the release's
     moves: tuple[Move, ...]  # every distribution the release names, in build order
     notes: tuple[str, ...]
+    cutoff: tuple[str, str] = ("", "")  # pyproject's resolution-cutoff: now, and moved to the rebase's time
 
     @property
     def moving(self) -> list[Move]:
@@ -122,11 +123,26 @@ class Plan:
     def lines(self) -> list[str]:
         old, new = self.extra
         head = [f"rebase --maxtext {self.version}: the `maxtext` extra {old}" + (" (unchanged)" if old == new else f" -> {new}")]
+        if self.cutoff[0] != self.cutoff[1]:
+            head.append(f"  resolution-cutoff  {self.cutoff[0]} -> {self.cutoff[1]}  (the registry as of the move; the build lists the pins "
+                        "that moved with it)")
         width = max(len(m.name) for m in self.moves) if self.moves else 0
         for m in self.moves:
             where = "already the release's" if m.old == m.new else f"from {m.source}"
             head.append(f"  {m.name:<{width}}  {m.old[:12]} -> {m.new[:12]}  ({where})")
         return head + [f"  note: {n}" for n in self.notes]
+
+
+#: The overlay's own distributions: their versions move with the pins and the revision, not the cutoff.
+DISTRIBUTIONS_AND_OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext-vllm-adapter")
+
+
+def _closure_pins(root: pathlib.Path) -> dict[str, str]:
+    """The pins of the checkout's constraints.txt ({} without one): what the cutoff's move is measured from."""
+    try:
+        return closures.pins((root / "constraints.txt").read_text())
+    except FileNotFoundError:
+        return {}
 
 
 def plan(root: pathlib.Path, version: str, given: dict[str, str], cache: pathlib.Path) -> Plan:
@@ -162,7 +178,8 @@ def plan(root: pathlib.Path, version: str, given: dict[str, str], cache: pathlib
                       + f": a clone or mirror of {project.pins[n].repository} holds it\n" for n, c, s in missing)
             + "Pass --source NAME=PATH for each, PATH a git repository holding that commit."
         )
-    return Plan(version, (str(requirement), wanted), tuple(moves), tuple(notes))
+    # The release's own environment is resolved against the registry as of the move, not of the old pins.
+    return Plan(version, (str(requirement), wanted), tuple(moves), tuple(notes), (project.resolution_cutoff, cutoff_now()))
 
 
 def _holds(path: pathlib.Path, commit: str) -> bool:
@@ -219,7 +236,8 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
     own.folder.mkdir(parents=True)
     state.backup(root, own.folder, touched)  # before the first change: --abort restores the whole move from it
     run = ReleaseState(the_plan.version, list(the_plan.extra), [QueuedMove(m.name, m.new, m.source) for m in the_plan.moving],
-                       the_plan.lines(), touched=touched, sources=dict(opts.sources), build=opts.build, standins=opts.standins,
+                       the_plan.lines(), cutoff=list(the_plan.cutoff), before=_closure_pins(root),
+                       touched=touched, sources=dict(opts.sources), build=opts.build, standins=opts.standins,
                        run_tests=opts.run_tests, cache=str(cache), clones=[m.name for m in the_plan.moving])
     own.save(run)  # the commit point of the start: the backup is whole
     return _advance(root, run, began)
@@ -294,15 +312,25 @@ def _end(root: pathlib.Path, run: ReleaseState, began: float) -> ReleaseReport:
     pyproject = root / "pyproject.toml"
     extra = load_project(root).options.maxtext.extra
     text = pyproject.read_text()
+    edited = text
     if run.extra[0] != run.extra[1]:
+        edited = tomledit.set_value(edited, ("project", "optional-dependencies"), extra, [run.extra[1]], where=str(pyproject))
+    if run.cutoff and run.cutoff[0] != run.cutoff[1]:
+        edited = tomledit.set_value(edited, ("tool", "maxtext-rl-overlay"), "resolution-cutoff", run.cutoff[1], where=str(pyproject))
+    if edited != text:
         recover(pyproject)  # the staged file of a run killed in this write
-        write_atomically(pyproject, tomledit.set_value(text, ("project", "optional-dependencies"), extra, [run.extra[1]], where=str(pyproject)))
+        write_atomically(pyproject, edited)
     if run.build:
         rebuild(root, "maxtext", f"building the wheels and constraints.txt for MaxText {run.version}", run.sources, run.cache,
                 run.standins, written=f"The rebased series, the pins and pyproject.toml's `maxtext` extra are written (MaxText {run.version})",
                 undo=" (restores the whole move)")
     state.release_run(root).finish()
     lines = ["\n".join(run.plan), *run.tables]
+    if run.build and run.cutoff:
+        moved = closures.moved_pins("".join(f"{n}=={v}\n" for n, v in run.before.items()), (root / "constraints.txt").read_text(),
+                                    ours=DISTRIBUTIONS_AND_OURS)
+        lines.append(f"resolution-cutoff {run.cutoff[0]} -> {run.cutoff[1]}: " + (f"{len(moved)} pins moved:\n" + "\n".join(f"  {m}" for m in moved)
+                                                                               if moved else "no pin moved"))
     ok = True
     if run.run_tests:
         tests = run_fast_tests(root, rebuilt=run.build)

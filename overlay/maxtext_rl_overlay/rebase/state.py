@@ -180,6 +180,8 @@ class ReleaseState(Record):
     seconds: float = 0.0
     clones: list[str] = dataclasses.field(default_factory=list)  # the distributions whose work clones the move makes
     aborting: bool = False  # an --abort began: only --abort goes on from here
+    cutoff: list[str] = dataclasses.field(default_factory=list)  # [old, new] resolution-cutoff; [] in a record from before it
+    before: dict[str, str] = dataclasses.field(default_factory=dict)  # constraints.txt's pins before the move
 
 
 def _base(root: pathlib.Path) -> pathlib.Path:

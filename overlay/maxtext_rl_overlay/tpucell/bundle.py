@@ -41,6 +41,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from .. import buildcache, options, probes, proc, sources
+from ..constraintsfile import recorded_cutoff
 from ..digest import sha256_file
 from ..environment import TARGET_PLATFORM, TARGET_PYTHON
 from ..errors import ExitCode, OverlayError
@@ -140,10 +141,12 @@ def _pins(text: str) -> dict[str, str]:
     return pins
 
 
-def _compile(what: str, requirement: str, python_version: str, flags: list[str], cwd: pathlib.Path) -> str:
+def _compile(what: str, requirement: str, python_version: str, flags: list[str], cwd: pathlib.Path, cutoff: str) -> str:
+    # cutoff: the release's resolution cutoff (uv's --exclude-newer), "" for none (a host index serving no upload times).
     with step("tpu-cell", what):
         done = proc.run(["uv", "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", "--python-version", python_version,
-                         "--python-platform", TARGET_PLATFORM, *flags], input=requirement + "\n", check=False, cwd=cwd,
+                         "--python-platform", TARGET_PLATFORM, *flags, *(["--exclude-newer", cutoff] if cutoff else [])],
+                        input=requirement + "\n", check=False, cwd=cwd,
                         env={"UV_PYTHON_DOWNLOADS": "never"}, what=what)
     if done.returncode != 0:
         raise OverlayError(f"{what} failed (uv pip compile exited with {done.returncode}):\n{done.stderr.strip()}")
@@ -197,8 +200,9 @@ def make(opts: BundleOptions) -> Bundle:
                 rebuilt = _rebuild(opts, name, staging / "wheels", str(parse_wheel_filename(wheel.name)[1]))
                 carried[rebuilt] = f"the release's {name}, rebuilt for Python {opts.host_python} (the release's: {wheel.name})"
         # The release's own closure of the plain form, for verify --host-deviations.
+        cutoff = recorded_cutoff((release / "constraints.txt").read_text())
         closure = _compile("resolving the release's closure of the plain form (Python 3.12)", requirement, TARGET_PYTHON,
-                           ["-c", str(release / "constraints.txt")], release)
+                           ["-c", str(release / "constraints.txt")], release, cutoff)
         release_pins = _pins(closure)
         (staging / "release-closure.txt").write_text(f"# The release's closure ({requirement}, Python {TARGET_PYTHON} on {TARGET_PLATFORM}).\n"
                                                       + "".join(f"{n}=={v}\n" for n, v in sorted(release_pins.items())))
@@ -226,7 +230,9 @@ def make(opts: BundleOptions) -> Bundle:
         no_build: set[str] = set()  # their sdists compile: another version of them
         while True:
             no_build_flags = [f for n in sorted(no_build) for f in ("--only-binary", n)]
-            _resolve_for_host(what, requirement, opts.host_python, [*flags, *no_build_flags], tmp, index, compatible, preferred)
+            # uv drops every file of an index that serves no upload time under --exclude-newer (find-links keep theirs).
+            host_cutoff = "" if any(loc.simple for loc in index.locations) else cutoff
+            _resolve_for_host(what, requirement, opts.host_python, [*flags, *no_build_flags], tmp, index, compatible, preferred, host_cutoff)
             host_pins = _pins((tmp / "host.txt").read_text())  # --output-file: uv writes its answer there
             unknown = sorted(left_out - set(host_pins))
             if unknown:
@@ -299,7 +305,7 @@ def make(opts: BundleOptions) -> Bundle:
 
 
 def _resolve_for_host(what: str, requirement: str, python: str, flags: list[str], tmp: pathlib.Path, index: hostindex.HostIndex,
-                      compatible: list[Any], preferred: dict[str, str]) -> None:
+                      compatible: list[Any], preferred: dict[str, str], cutoff: str) -> None:
     """The host's closure into tmp/host.txt. uv does not always keep an
     output file's pin it could (seen: certifi, fastapi): the versions the
     host's index holds are constraints, each one uv names in a conflict
@@ -309,7 +315,7 @@ def _resolve_for_host(what: str, requirement: str, python: str, flags: list[str]
         (tmp / "held.txt").write_text("".join(f"{n}=={v}\n" for n, v in hosts.items()))
         (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in preferred.items()))
         try:
-            _compile(what, requirement, python, [*flags, "-c", str(tmp / "held.txt")], tmp)
+            _compile(what, requirement, python, [*flags, "-c", str(tmp / "held.txt")], tmp, cutoff)
             return
         except OverlayError as exc:
             said = str(exc).lower().replace("_", "-")
@@ -321,7 +327,7 @@ def _resolve_for_host(what: str, requirement: str, python: str, flags: list[str]
                 del hosts[n]
     step.note("tpu-cell", "the host's versions cannot hold as constraints: resolving with them as preferences alone")
     (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in preferred.items()))
-    _compile(what, requirement, python, flags, tmp)
+    _compile(what, requirement, python, flags, tmp, cutoff)
 
 
 def _largest(folder: pathlib.Path) -> list[str]:
