@@ -300,8 +300,18 @@ def _parser() -> argparse.ArgumentParser:
                     help="what the host has installed of its own and keeps (default: %(default)s)")
     cb.add_argument("--host-override", action="append", default=[], metavar="NAME==VERSION",
                     help="a distribution the host takes at another version than the release's (a deviation, named as one)")
-    cb.add_argument("--leave-out", default="", metavar="NAME,...",
-                    help="distributions of the closure not to install on the host (what one call can carry is limited); named as deviations")
+    cb.add_argument("--form", choices=sorted(bundle.FORMS), default=bundle.BundleOptions.form,
+                    help="the form to install on the host: plain (maxtext-rl-overlay) or maxtext (maxtext-rl-overlay[maxtext], "
+                         "MaxText's RL environment) (default: %(default)s)")
+    cb.add_argument("--leave-out", action="append", default=[], metavar="NAME,...[:REASON]",
+                    help="distributions of the closure not to install on the host, with what only they need, and why (what one call "
+                         "can carry is limited); recorded with the reason in bundle.json and the cell's report, named as deviations "
+                         "(repeat for each reason)")
+    cb.add_argument("--leave-out-file", type=pathlib.Path, metavar="FILE",
+                    help="more --leave-out, one NAME,...:REASON a line (# comments)")
+    cb.add_argument("--part-size", type=float, default=bundle.PART_SIZE / 2**20, metavar="MIB",
+                    help="a bundle larger than this is also written in parts of at most this size, BUNDLE/parts/ (default: "
+                         "%(default)g: one call to the host carries 64 MiB with the checkout's tracked files)")
     cb.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
                     help="as build's: the pin's source (tpu-inference's tests; vLLM where it is rebuilt for the host's Python)")
     cb.add_argument("--python", type=_python_arg, metavar="PYTHON", help="an interpreter of the host's Python here (vLLM's rebuild)")

@@ -30,6 +30,7 @@ import pathlib
 import re
 import sys
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -420,8 +421,9 @@ def host_deviations(closure: pathlib.Path) -> list[str]:
     (`closure`: its `name==version` lines, as the TPU cell's bundle writes
     them, release-closure.txt, whose header names the release's Python):
     the Python, each distribution at another version, and those not
-    installed. Said, never accepted silently: verify --host-deviations names
-    each one in its verdict."""
+    installed, and those installed although their Requires-Python excludes
+    this Python (MaxText 0.2.4's >=3.12 on a 3.11 host). Said, never
+    accepted silently: verify --host-deviations names each one in its verdict."""
     try:
         text = closure.read_text()
     except OSError as exc:
@@ -438,13 +440,21 @@ def host_deviations(closure: pathlib.Path) -> list[str]:
     release_python = said.group(1) if said else "not said"
     python = ".".join(map(str, sys.version_info[:3]))
     lines = [] if python.startswith(release_python + ".") else [f"Python {python} (the release's: {release_python})"]
-    absent = []
+    absent, below = [], []
     for name, version in sorted(pins.items()):
         found = _version(name)
         if found == NOT_INSTALLED:
             absent.append(name)
-        elif found != version:
+            continue
+        if found != version:
             lines.append(f"{name} {found} (the release's: {version})")
+        wanted = (md.metadata(name).get_all("Requires-Python") or [""])[0]
+        try:
+            if wanted and not SpecifierSet(wanted).contains(python, prereleases=True):
+                below.append(f"{name} {found} says Requires-Python {wanted}: installed on Python {python} regardless")
+        except InvalidSpecifier:
+            continue
+    lines += below
     if absent:
         lines.append(f"not installed ({len(absent)}): {', '.join(absent)}")
     return lines

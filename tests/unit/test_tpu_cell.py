@@ -7,8 +7,10 @@ part is the `tpu` marker's."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -16,16 +18,19 @@ import shutil
 import socket
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
 from maxtext_rl_overlay import probes, verify
+from maxtext_rl_overlay.errors import OverlayError
 from maxtext_rl_overlay.smoke import run as smoke_run
-from maxtext_rl_overlay.tpucell import bundle, host, hostindex
+from maxtext_rl_overlay.tpucell import bundle, host, hostindex, parts
 from unit.unit_support import installable_wheel
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HOST_PY = ROOT / "overlay" / "maxtext_rl_overlay" / "tpucell" / "host.py"
+PARTS_PY = ROOT / "overlay" / "maxtext_rl_overlay" / "tpucell" / "parts.py"
 STAND_INS = ROOT / bundle.STAND_INS
 
 
@@ -170,6 +175,148 @@ def test_a_pytest_step_stops_before_its_bound_and_keeps_the_record_of_the_tests_
     assert not step["timed_out"] and step["rc"] == 2, (done.stdout, step)  # pytest's "interrupted", not the cell's kill
     assert 1 <= step["tests"]["passed"] < 200 and step["tests"]["failures"] == 0, step
     assert step["summary"].startswith(f"stopped before its bound: {step['tests']['passed']} passed"), step
+
+
+def requiring_python(wheel: pathlib.Path, spec: str) -> pathlib.Path:
+    """`wheel` rewritten in place to say Requires-Python `spec` (as MaxText 0.2.4 says >=3.12)."""
+    with zipfile.ZipFile(wheel) as zin:
+        files = {i.filename: zin.read(i) for i in zin.infolist()}
+    with zipfile.ZipFile(wheel, "w") as zout:
+        for name, data in files.items():
+            zout.writestr(name, data + f"Requires-Python: {spec}\n".encode() if name.endswith("/METADATA") else data)
+    return wheel
+
+
+@needs_311
+def test_a_bundle_in_parts_is_put_together_on_the_host_only_when_every_part_is_there_and_sound(tmp_path):
+    """The MaxText form's bundle is larger than one call carries: made in
+    parts (each at most the size asked for, with their SHA256SUMS), staged
+    on the host one call at a time, refused while a part is missing or
+    damaged (naming it), then put together and installed; the report says
+    it came in parts, and names each left-out distribution with its reason
+    and the distribution installed below its Requires-Python."""
+    assert PY311 is not None
+    b, jax_dir, report = make_bundle(tmp_path)
+    relaxed = requiring_python(installable_wheel(b / "wheels", "maxtext", "0.2.4", package={"maxtext/__init__.py": b"x = 1\n" * 2000}),
+                               ">=3.12")
+    wheels = sorted((b / "wheels").glob("*.whl"))
+    (b / "wheels" / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n" for w in wheels))
+    (b / "requirements.txt").write_text((b / "requirements.txt").read_text() + "maxtext==0.2.4\n")
+    facts = json.loads((b / bundle.MARKER).read_text())
+    left_out = {"tensorflow": "imported only under try/except ImportError", "seqio": "never imported by train_rl or smoke"}
+    (b / bundle.MARKER).write_text(json.dumps(facts | {"form": "maxtext", "left_out": left_out, "requires_python_relaxed": {"maxtext": ">=3.12"},
+                                                       "carried": facts["carried"] | {relaxed.name: "the host's index lacks it"}}))
+    largest = max(p.stat().st_size for p in b.rglob("*") if p.is_file())
+    size = largest + 4 * parts.TAR_BLOCK + parts.TAR_END + 4096  # room for the largest file and a little more
+    made_parts = parts.split(b, b / bundle.PARTS, size, skip=(bundle.PARTS,))
+    assert len(made_parts) >= 2 and all(p.stat().st_size <= size for p in made_parts), made_parts
+    assert [p.name for p in made_parts] == [parts.part_name(n, len(made_parts)) for n in range(1, len(made_parts) + 1)]
+    with pytest.raises(parts.PartsError, match="fits no part"):
+        parts.split(b, tmp_path / "tiny", 4096, skip=(bundle.PARTS,))
+
+    # The host: a fresh checkout's copy holding only what each call carried (one part and the sums), a stage under its /tmp.
+    host_root, stage = tmp_path / "host", tmp_path / "host-tmp" / "mrl-parts"
+    carried = host_root / "build" / "tpu-cell" / "bundle" / bundle.PARTS
+    env = host_env(jax_dir)
+
+    def call(*which: pathlib.Path, into: bool = True) -> subprocess.CompletedProcess:
+        shutil.rmtree(host_root, ignore_errors=True)
+        carried.mkdir(parents=True)
+        for part in which:
+            shutil.copy2(part, carried / part.name)
+        shutil.copy2(b / bundle.PARTS / parts.SUMS, carried / parts.SUMS)
+        more = ["--into", str(carried.parent)] if into else []
+        return subprocess.run([PY311, str(PARTS_PY), str(carried), "--stage", str(stage), *more], env=env, capture_output=True, text=True)
+
+    first = call(made_parts[0], into=False)
+    assert first.returncode == 0 and f"1 of {len(made_parts)} staged" in first.stdout, first
+    assert f"missing {', '.join(p.name for p in made_parts[1:])}" in first.stderr, first.stderr
+    refused = call(made_parts[0])
+    assert refused.returncode == 1 and "NOT put together" in refused.stderr and made_parts[-1].name in refused.stderr, refused
+    assert not (carried.parent / "run.sh").exists(), "nothing is put together while a part is missing"
+    damaged = tmp_path / "damaged" / made_parts[-1].name
+    damaged.parent.mkdir()
+    damaged.write_bytes(made_parts[-1].read_bytes()[:-1] + b"\1")
+    bad = call(damaged)
+    assert bad.returncode == 1 and f"{damaged.name}: sha256" in bad.stderr and "damaged" in bad.stderr, bad
+    assert not (carried.parent / "run.sh").exists()
+    for part in made_parts[1:-1]:
+        assert call(part, into=False).returncode == 0
+    last = call(made_parts[-1])
+    assert last.returncode == 0 and "put together" in last.stdout, last
+    put = carried.parent
+    assert sorted(str(p.relative_to(put)) for p in put.rglob("*") if p.is_file() and p.relative_to(put).parts[0] not in (bundle.PARTS,)) == sorted(
+        [*(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file() and p.relative_to(b).parts[0] != bundle.PARTS), parts.RECEIVED])
+
+    # The call that carried the last part installs, with the host's Python: maxtext below its Requires-Python, said.
+    done = run_cell(put, host_root / "report", env, "--steps", "install", "--host-stand-ins", "maxtext-py311-aliases")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads((host_root / "report" / "cell.json").read_text())
+    assert (host_root / "build" / "tpu-cell" / "site" / "maxtext").is_dir()
+    assert "Requires-Python not checked (pip --ignore-requires-python) for maxtext (it says >=3.12)" in doc["steps"]["install"]["summary"]
+    assert doc["bundle"]["form"] == "maxtext" and doc["bundle"]["left_out"] == left_out
+    assert doc["bundle"]["summary"].startswith(f"came in {len(made_parts)} parts ({made_parts[0].name}"), doc["bundle"]
+    assert "left out: tensorflow (imported only under try/except ImportError)" in doc["deviations"]
+    assert any(line.startswith("maxtext 0.2.4 says Requires-Python >=3.12: installed on Python 3.11") for line in doc["deviations"])
+    md = (host_root / "report" / "cell.md").read_text()
+    assert "- left out: seqio: never imported by train_rl or smoke" in md and f"came in {len(made_parts)} parts" in md
+
+
+def test_left_outs_are_taken_with_their_reasons(tmp_path):
+    """--leave-out NAME,...:REASON (repeated) and --leave-out-file: each left-out distribution keeps its reason."""
+    listed = tmp_path / "leave-out.txt"
+    listed.write_text("# why each\ntensorflow: imported only under try/except ImportError\nSeqIO,tensorflow_text: never imported\n")
+    args = __import__("maxtext_rl_overlay.__main__", fromlist=["_parser"])._parser().parse_args(
+        ["tpu-cell", "bundle", "--release", str(tmp_path), "--out", str(tmp_path / "b"), "--host-index", str(tmp_path), "--form", "maxtext",
+         "--leave-out", "nixl,hf-transfer:not imported", "--leave-out", "plain", "--leave-out-file", str(listed), "--part-size", "40"])
+    opts = bundle.BundleOptions.from_args(args)
+    assert opts.form == "maxtext" and opts.part_size == 40 << 20
+    assert opts.leave_out == {"nixl": "not imported", "hf-transfer": "not imported", "plain": "no reason given (--leave-out without one)",
+                              "tensorflow": "imported only under try/except ImportError", "seqio": "never imported",
+                              "tensorflow-text": "never imported"}
+    with pytest.raises(OverlayError, match="--form other"):
+        bundle.make(dataclasses.replace(opts, form="other"))
+
+
+def test_the_maxtext_aliases_stand_in_rewrites_only_its_two_modules_and_only_where_named(tmp_path):
+    """MaxText 0.2.4 on the host's Python 3.11: its two PEP 695 aliases are a
+    SyntaxError there; maxtext-py311-aliases reads them as assignments in
+    those two modules only, writes no bytecode, and is active only where named."""
+    mhc = tmp_path / "site" / "maxtext" / "kernels" / "mhc"
+    mhc.mkdir(parents=True)
+    for folder in (mhc.parent.parent, mhc.parent, mhc):
+        (folder / "__init__.py").write_text("")
+    (mhc / "common.py").write_text("import typing\n# an alias\ntype KernelContext = tuple[int, int, int]\nBEFORE = 1\n")
+    (mhc / "api.py").write_text("from typing import Literal\nfrom maxtext.kernels.mhc import common\n"
+                                "type Implementation = Literal['mosaic', 'xla']\nCONTEXT = common.KernelContext\n")
+    (mhc / "other.py").write_text("type Other = int\n")
+    source = (mhc / "common.py").read_text()
+    spec = importlib.util.spec_from_file_location("mrl_stand_ins", STAND_INS / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    stand_ins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stand_ins)  # none asked in this process: it only defines them
+    assert stand_ins.rewrite_aliases(source) == source.replace("type KernelContext =", "KernelContext =")
+    if PY311 is None:
+        pytest.skip("no Python 3.11 here: would have imported the two modules with and without the stand-in")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(STAND_INS)]))
+    program = ("import importlib, sys\nfor m in sys.argv[1:]:\n    try:\n        v = importlib.import_module(m)\n"
+               "        print(m, 'ok', getattr(v, 'CONTEXT', getattr(v, 'KernelContext', None)))\n"
+               "    except SyntaxError as e:\n        print(m, 'SyntaxError', e.lineno)\n")
+    modules = ["maxtext.kernels.mhc.api", "maxtext.kernels.mhc.other"]
+
+    def run(asked: str) -> list[str]:
+        done = subprocess.run([PY311, "-c", program, *modules], env=env | {"MRL_HOST_STAND_INS": asked}, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
+
+    assert run("")[0].startswith("maxtext.kernels.mhc.api SyntaxError"), "without it, Python 3.11 cannot read MaxText's aliases"
+    assert run("no-inet-sockets")[0].startswith("maxtext.kernels.mhc.api SyntaxError"), "another stand-in named: still not rewritten"
+    named = run("maxtext-py311-aliases")
+    assert named == ["maxtext.kernels.mhc.api ok tuple[int, int, int]", "maxtext.kernels.mhc.other SyntaxError 1"], named
+    assert not list(mhc.glob("__pycache__/common*.pyc")) and not list(mhc.glob("__pycache__/api*.pyc")), "no bytecode of a rewritten module"
+    said = subprocess.run([PY311, "-c", "import os; print(os.environ['MRL_HOST_STAND_INS_ACTIVE'])"],
+                          env=env | {"MRL_HOST_STAND_INS": "maxtext-py311-aliases"}, capture_output=True, text=True)
+    assert said.stdout.startswith("maxtext-py311-aliases: MaxText's two PEP 695 aliases"), said
 
 
 def test_an_unknown_step_or_stand_in_is_a_usage_error(tmp_path):

@@ -7,10 +7,15 @@ standing for it: the same path exists on the host), the JAX version that
 index holds (or --host-jax); its Python is given (--host-python) and checked
 again on the host, as are its JAX and its index. The bundle holds:
 
-- requirements.txt: the closure resolved for the host (its Python, its JAX,
-  the release's pins everywhere else; --host-override NAME==VERSION where
-  the host must take another version), exact pins;
-- release-closure.txt: the release's own closure of the plain form (Python
+- requirements.txt: the closure of the form (--form: the plain one,
+  `maxtext-rl-overlay`, or `maxtext-rl-overlay[maxtext]`) resolved for the
+  host (its Python, its JAX, the release's pins everywhere else;
+  --host-override NAME==VERSION where the host must take another version;
+  --leave-out NAME:REASON left out of it, with what only they need), exact
+  pins; a distribution of the form whose Requires-Python excludes the host's
+  (MaxText 0.2.4: >=3.12) resolved and installed with that check relaxed,
+  named as a deviation;
+- release-closure.txt: the release's own closure of the form (Python
   3.12), what `verify --host-deviations` compares the host with;
 - wheels/: the release's wheels (vLLM rebuilt for the host's Python where
   the release's is built for another, from the same source and series) and
@@ -20,6 +25,10 @@ again on the host, as are its JAX and its index. The bundle holds:
   installed module by reverse-applying the series), upstream/ (tpu-inference's sampler and
   ragged-paged-attention kernel tests at the pin), stand-ins/ (the host
   stand-ins, active only where named), cell.py (with host_facts.py, its probe) and run.sh.
+
+A bundle larger than one call carries (--part-size) is also written in
+parts, BUNDLE/parts/ (parts.py: put together on the host from a folder the
+parts gather in across calls).
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ from ..errors import ExitCode, OverlayError
 from ..output import step
 from ..pins import load_project
 from ..staging import check_replaceable, scratch_dir, staged_dir
-from . import host, hostindex
+from . import host, hostindex, parts
 
 #: The file that marks a folder as a bundle (and holds its facts).
 MARKER = "bundle.json"
@@ -62,6 +71,22 @@ UPSTREAM_TESTS = ("tests/layers/jax/sample", "tests/kernels/ragged_paged_attenti
 STAND_INS = pathlib.Path("scripts") / "tpu-cell" / "stand_ins"
 #: What one call to the host may carry.
 LIMIT = 64 << 20
+#: The largest part of a bundle written in parts (--part-size): what one call
+#: carries, less room for the sending checkout's tracked files (2.5 MiB
+#: measured, 2026-12) and their growth.
+PART_SIZE = 56 << 20
+#: Where a bundle's parts go, inside it (parts.split leaves the folder out of them).
+PARTS = "parts"
+#: The forms of the overlay a bundle installs: the requirement, by --form.
+FORMS = {"plain": "maxtext-rl-overlay", "maxtext": "maxtext-rl-overlay[maxtext]"}
+#: Distributions of a form that say a Requires-Python the host's Python
+#: (3.11) does not meet, installed there regardless: resolved with a copy of
+#: their metadata saying the host's Python, installed with pip's
+#: --ignore-requires-python; each named as a deviation. MaxText 0.2.4 says
+#: >=3.12; on 3.11 only its two PEP 695 aliases (maxtext.kernels.mhc) fail
+#: in what train_rl imports, which the host stand-in maxtext-py311-aliases
+#: rewrites (docs/tpu-cell.md).
+RELAXED = {"plain": (), "maxtext": ("maxtext",)}
 
 RUN_SH = """#!/usr/bin/env bash
 # The TPU cell, on the host: installs this bundle offline next to the host's
@@ -85,7 +110,10 @@ class BundleOptions:
     host_jax: str | None = None  # default: the one JAX the host's index holds
     host_keep: tuple[str, ...] = HOST_KEEP
     host_overrides: tuple[str, ...] = ()  # NAME==VERSION the host takes instead of the release's
-    leave_out: tuple[str, ...] = ()  # distributions of the closure not installed on the host (named as deviations)
+    #: distributions of the closure not installed on the host, each with why (named as deviations)
+    leave_out: dict[str, str] = dataclasses.field(default_factory=dict)
+    form: str = "plain"  # FORMS
+    part_size: int = PART_SIZE  # bytes: a larger bundle is also written in parts
     sources: dict[str, str] = dataclasses.field(default_factory=dict)  # as build's --source
     python: str | None = None  # a local interpreter of the host's Python version (vLLM's rebuild)
     allow_unpinned: bool = False
@@ -96,10 +124,22 @@ class BundleOptions:
         def names(text: str) -> tuple[str, ...]:  # NAME,NAME,...
             return tuple(n.strip() for n in text.split(",") if n.strip())
 
+        leave_out: dict[str, str] = {}
+        given = list(args.leave_out)
+        if args.leave_out_file:
+            try:
+                given += [line for line in args.leave_out_file.read_text().splitlines() if line.strip() and not line.startswith("#")]
+            except OSError as exc:
+                raise OverlayError(f"--leave-out-file {args.leave_out_file}: cannot read it ({exc.strerror}).") from None
+        for text in given:  # NAME[,NAME...][:REASON]
+            which, _, why = text.partition(":")
+            for name in names(which):
+                leave_out[str(canonicalize_name(name))] = why.strip() or "no reason given (--leave-out without one)"
         return cls(project_root=options.project_root(args.project), release=args.release, out=args.out, host_index=tuple(args.host_index),
                    host_python=args.host_python, host_platform=args.host_platform, host_jax=args.host_jax, host_keep=names(args.host_keep),
-                   host_overrides=tuple(args.host_override), sources=options.named_sources(args.source), leave_out=names(args.leave_out),
-                   python=args.python, allow_unpinned=args.unpinned, torch_standin=args.torch_standin)
+                   host_overrides=tuple(args.host_override), sources=options.named_sources(args.source), leave_out=leave_out,
+                   form=args.form, part_size=int(args.part_size * 2**20), python=args.python, allow_unpinned=args.unpinned,
+                   torch_standin=args.torch_standin)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +149,8 @@ class Bundle:
     carried: dict[str, str]  # wheel -> why it is carried
     on_host: dict[str, str]  # name==version -> the host index's file
     deviations: list[str]
+    parts: list[pathlib.Path] = dataclasses.field(default_factory=list)  # where it is also written in parts
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _release(release: pathlib.Path) -> tuple[dict[str, pathlib.Path], str]:
@@ -121,13 +163,43 @@ def _release(release: pathlib.Path) -> tuple[dict[str, pathlib.Path], str]:
     return wheels, str(parse_wheel_filename(wheels["maxtext-rl-overlay"].name)[1])
 
 
-def _requires_python(wheel: pathlib.Path) -> str:
+def _metadata(wheel: pathlib.Path) -> str:
     with zipfile.ZipFile(wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        for line in zf.read(meta).decode().splitlines():
-            if line.startswith("Requires-Python:"):
-                return line.split(":", 1)[1].strip()
+        return zf.read(meta).decode()
+
+
+def _requires_python(wheel: pathlib.Path) -> str:
+    for line in _metadata(wheel).splitlines():
+        if line.startswith("Requires-Python:"):
+            return line.split(":", 1)[1].strip()
     return ""
+
+
+def _relaxed_copy(wheel: pathlib.Path, python: str, dest: pathlib.Path) -> pathlib.Path:
+    """A copy of `wheel` whose metadata says Requires-Python >=`python`,
+    for the host's resolution only (never carried, never installed)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / wheel.name
+    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zout:
+        for item in zin.infolist():
+            data = zin.read(item)
+            if item.filename.endswith(".dist-info/METADATA"):
+                data = re.sub(rb"(?m)^Requires-Python:.*$", f"Requires-Python: >={python}".encode(), data)
+            zout.writestr(item, data)
+    return out
+
+
+def _extras_asked(wheels: list[pathlib.Path], name: str) -> list[str]:
+    """The extras of `name` that the release's wheels ask for (as the overlay's `maxtext` extra asks for maxtext[tpu-post-train])."""
+    extras: set[str] = set()
+    for wheel in wheels:
+        for line in _metadata(wheel).splitlines():
+            if line.startswith("Requires-Dist:"):
+                req = Requirement(line.split(":", 1)[1].strip())
+                if canonicalize_name(req.name) == name:
+                    extras |= req.extras
+    return sorted(extras)
 
 
 def _pins(text: str) -> dict[str, str]:
@@ -139,6 +211,20 @@ def _pins(text: str) -> dict[str, str]:
             req = Requirement(line)
             pins[canonicalize_name(req.name)] = next(iter(req.specifier)).version
     return pins
+
+
+def _pip_download(spec: str, python: str, platform: str, dest: pathlib.Path) -> pathlib.Path:
+    """One wheel from the registry, for `python` on `platform` (its Requires-Python not asked)."""
+    env = {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    dest.mkdir(parents=True, exist_ok=True)
+    proc.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--ignore-requires-python",
+              "--python-version", python, "--implementation", "cp", *(f"--platform={p}" for p in hostindex.platforms(platform)),
+              "--dest", str(dest), spec], env=env, what=f"downloading {spec}")
+    name = canonicalize_name(Requirement(spec).name)
+    found = [w for w in dest.glob("*.whl") if parse_wheel_filename(w.name)[0] == name]
+    if not found:
+        raise OverlayError(f"downloading {spec}: no wheel came.")
+    return found[0]
 
 
 def _compile(what: str, requirement: str, python_version: str, flags: list[str], cwd: pathlib.Path, cutoff: str) -> str:
@@ -159,16 +245,28 @@ def command(opts: BundleOptions) -> int:
     bundle = make(opts)
     for wheel, why in sorted(bundle.carried.items()):
         print(f"carried  {wheel}  ({why})")
+    for name, why in sorted(bundle.left_out.items()):
+        print(f"left out  {name}  ({why})")
     for line in bundle.deviations:
         print(f"deviation  {line}")
     print(f"tpu-cell: bundle {bundle.out}: {bundle.size / 2**20:.1f} MiB ({len(bundle.carried)} wheels carried, {len(bundle.on_host)} "
           f"from the host's index). On the host: bash {bundle.out.name}/run.sh --report DIR")
+    if bundle.parts:
+        for part in bundle.parts:
+            print(f"part  {part.relative_to(bundle.out.parent)}  {part.stat().st_size / 2**20:.1f} MiB")
+        print(f"tpu-cell: over {opts.part_size / 2**20:.1f} MiB, so also in {len(bundle.parts)} parts in {bundle.out / PARTS} (with their "
+              f"{parts.SUMS}): carry one or more a call with {parts.SUMS}, staged on the host with parts.py (docs/tpu-cell.md)")
     return ExitCode.OK
 
 
 def make(opts: BundleOptions) -> Bundle:
     release = opts.release.resolve()
     out = opts.out.resolve()
+    if opts.form not in FORMS:
+        raise OverlayError(f"--form {opts.form}: expected one of {', '.join(FORMS)}.")
+    if not 1 << 20 <= opts.part_size <= LIMIT:
+        raise OverlayError(f"--part-size {opts.part_size / 2**20:.1f}: expected 1 to {LIMIT >> 20} MiB (what one call to the host carries, "
+                           "less the sending checkout's tracked files).")
     wheels, overlay_version = _release(release)
     wanted = _requires_python(wheels["maxtext-rl-overlay"])
     if wanted and Version(opts.host_python + ".0") not in SpecifierSet(wanted):
@@ -188,7 +286,7 @@ def make(opts: BundleOptions) -> Bundle:
             raise OverlayError(f"--host-override {text!r}: expected NAME==VERSION.")
         overrides[canonicalize_name(req.name)] = pinned[0]
     check_replaceable(out, MARKER)
-    requirement = f"maxtext-rl-overlay=={overlay_version}"
+    requirement = f"{FORMS[opts.form]}=={overlay_version}"
     with scratch_dir("mrl-tpu-cell-") as tmp, staged_dir(out, replace=MARKER, mode=0o755) as staging:
         carried: dict[str, str] = {}
         (staging / "wheels").mkdir()
@@ -199,11 +297,33 @@ def make(opts: BundleOptions) -> Bundle:
             else:
                 rebuilt = _rebuild(opts, name, staging / "wheels", str(parse_wheel_filename(wheel.name)[1]))
                 carried[rebuilt] = f"the release's {name}, rebuilt for Python {opts.host_python} (the release's: {wheel.name})"
-        # The release's own closure of the plain form, for verify --host-deviations.
+        # The release's own closure of the form, for verify --host-deviations (the MaxText form of a
+        # stand-in release with its torch overrides, as its install command takes them).
+        release_flags = ["-c", str(release / "constraints.txt")]
+        if opts.form == "maxtext" and (release / "torch-standin-overrides.txt").is_file():
+            release_flags += ["--override", str(release / "torch-standin-overrides.txt")]
         cutoff = recorded_cutoff((release / "constraints.txt").read_text())
-        closure = _compile("resolving the release's closure of the plain form (Python 3.12)", requirement, TARGET_PYTHON,
-                           ["-c", str(release / "constraints.txt")], release, cutoff)
+        closure = _compile(f"resolving the release's closure of the {opts.form} form (Python 3.12)", requirement, TARGET_PYTHON,
+                           release_flags, release, cutoff)
         release_pins = _pins(closure)
+        left_out = dict(opts.leave_out)
+        unknown = sorted(set(left_out) - set(release_pins))
+        if unknown:
+            raise OverlayError(f"--leave-out {', '.join(unknown)}: not in the release's closure of the {opts.form} form.")
+        # What the host's Python is below a Requires-Python of: resolved with a copy saying the host's, carried as it is.
+        relaxed: dict[str, str] = {}  # name -> its Requires-Python
+        relaxed_overrides = []
+        for name in RELAXED[opts.form]:
+            original = _pip_download(f"{name}=={release_pins[name]}", TARGET_PYTHON, opts.host_platform, tmp / "relaxed-original")
+            wanted_python = _requires_python(original)
+            if not wanted_python or Version(opts.host_python + ".0") in SpecifierSet(wanted_python):
+                continue  # the host's Python is allowed: nothing to relax
+            relaxed[name] = wanted_python
+            copy = _relaxed_copy(original, opts.host_python, tmp / "relaxed")
+            extras = _extras_asked([p for p in wheels.values()], name)
+            relaxed_overrides.append(f"{name}{'[' + ','.join(extras) + ']' if extras else ''} @ {copy.as_uri()}")
+            if not index.provides(name, release_pins[name], compatible):
+                shutil.copy2(original, staging / "wheels" / original.name)
         (staging / "release-closure.txt").write_text(f"# The release's closure ({requirement}, Python {TARGET_PYTHON} on {TARGET_PLATFORM}).\n"
                                                       + "".join(f"{n}=={v}\n" for n, v in sorted(release_pins.items())))
         # Preferences (uv keeps each pin of an existing output file that the
@@ -213,12 +333,15 @@ def make(opts: BundleOptions) -> Bundle:
         # own JAX and the overrides are forced.
         preferred = {}
         for name, version in release_pins.items():
-            if name in overrides:
+            if name in overrides or name in left_out or name in relaxed:
                 continue
             held = index.versions(name, compatible)
             preferred[name] = version if not held or Version(version) in held else str(held[0])
         (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in preferred.items()))
-        (tmp / "overrides.txt").write_text("".join(f"{n}=={v}\n" for n, v in overrides.items()))
+        (tmp / "overrides.txt").write_text("".join(f"{n}=={v}\n" for n, v in overrides.items())
+                                           # left out: with what only they need (a marker that never holds)
+                                           + "".join(f"{n} ; sys_platform == 'never'\n" for n in sorted(left_out))
+                                           + "".join(f"{line}\n" for line in relaxed_overrides))
         flags = ["--output-file", str(tmp / "host.txt"), "--override", str(tmp / "overrides.txt"), "--find-links", str(staging / "wheels"),
                  "--index-strategy", "unsafe-best-match"]
         for loc in index.locations:
@@ -226,7 +349,6 @@ def make(opts: BundleOptions) -> Bundle:
         what = f"resolving the closure for the host (Python {opts.host_python}, JAX {host_jax}, the host's index first)"
         ours = {canonicalize_name(str(parse_wheel_filename(w)[0])) for w in carried}
         keep = {canonicalize_name(n) for n in opts.host_keep} | {"jax", "jaxlib"}
-        left_out = {canonicalize_name(n) for n in opts.leave_out}
         no_build: set[str] = set()  # their sdists compile: another version of them
         while True:
             no_build_flags = [f for n in sorted(no_build) for f in ("--only-binary", n)]
@@ -234,9 +356,7 @@ def make(opts: BundleOptions) -> Bundle:
             host_cutoff = "" if any(loc.simple for loc in index.locations) else cutoff
             _resolve_for_host(what, requirement, opts.host_python, [*flags, *no_build_flags], tmp, index, compatible, preferred, host_cutoff)
             host_pins = _pins((tmp / "host.txt").read_text())  # --output-file: uv writes its answer there
-            unknown = sorted(left_out - set(host_pins))
-            if unknown:
-                raise OverlayError(f"--leave-out {', '.join(unknown)}: not in the host's closure.")
+            host_pins |= {n: release_pins[n] for n in relaxed}  # resolved from its relaxed copy (a file:// line)
             host_pins = {n: v for n, v in host_pins.items() if n not in left_out}
             on_host, missing = {}, {}
             for name, version in sorted(host_pins.items()):
@@ -255,7 +375,10 @@ def make(opts: BundleOptions) -> Bundle:
             got, at = parse_wheel_filename(wheel.name)[:2]
             if got in ours:
                 continue
-            if host_pins.get(got) == str(at):
+            if got in relaxed:
+                carried[wheel.name] = (f"the host's index lacks it; it says Requires-Python {relaxed[got]}: installed on Python "
+                                       f"{opts.host_python} with that check relaxed")
+            elif host_pins.get(got) == str(at):
                 carried.setdefault(wheel.name, "the host's index lacks it")
             else:
                 wheel.unlink()  # an earlier round's, whose version moved
@@ -268,8 +391,8 @@ def make(opts: BundleOptions) -> Bundle:
                        if host_pins.get(n) != v and n not in ours]
         deviations += [f"{n} {v} (not in the release's closure)" for n, v in sorted(host_pins.items()) if n not in release_pins]
         deviations += [f"{w}: {why}" for w, why in carried.items() if "rebuilt" in why]
-        if left_out:
-            deviations.append(f"left out (--leave-out): {', '.join(sorted(left_out))}")
+        deviations += [relaxed_line(n, host_pins[n], wanted, opts.host_python) for n, wanted in sorted(relaxed.items())]
+        deviations += [f"left out: {n} ({why})" for n, why in sorted(left_out.items())]
         _copy_tests(opts.project_root, staging)
         _copy_upstream_tests(opts, staging)
         shutil.copytree(opts.project_root / STAND_INS, staging / "stand-ins", ignore=shutil.ignore_patterns("__pycache__"))
@@ -286,22 +409,38 @@ def make(opts: BundleOptions) -> Bundle:
             "host_index": list(opts.host_index),
             "host_keep": sorted(keep),
             "host_overrides": overrides,
-            "left_out": sorted(left_out),
+            "form": opts.form,
+            "left_out": left_out,
+            "requires_python_relaxed": relaxed,
             "release_python": TARGET_PYTHON,
             "carried": carried,
             "on_host": on_host,
             "deviations": deviations,
             "upstream_tests": list(UPSTREAM_TESTS),
         }
+        size = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file()) + len(json.dumps(facts, indent=1)) + 200
+        if size > opts.part_size:
+            facts["parts"] = {"max_bytes": opts.part_size, "folder": PARTS}
         (staging / MARKER).write_text(json.dumps(facts, indent=1) + "\n")
         size = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
-        if size > LIMIT:
-            raise OverlayError(f"the bundle is {size / 2**20:.1f} MiB, over the {LIMIT >> 20} MiB one call to the host carries: "
-                               f"its largest wheels: {', '.join(_largest(staging))}.")
-    step.note("tpu-cell", f"bundle {out}: {size / 2**20:.1f} MiB; {len(carried)} wheel(s) carried, {len(on_host)} from the host's index")
+        made: list[pathlib.Path] = []
+        if "parts" in facts:
+            with step("tpu-cell", f"writing the bundle ({size / 2**20:.1f} MiB) in parts of at most {opts.part_size / 2**20:.1f} MiB"):
+                try:
+                    made = parts.split(staging, staging / PARTS, opts.part_size, skip=(PARTS,))
+                except parts.PartsError as exc:
+                    raise OverlayError(f"the bundle's parts: {exc}") from None
+    step.note("tpu-cell", f"bundle {out}: {size / 2**20:.1f} MiB; {len(carried)} wheel(s) carried, {len(on_host)} from the host's index"
+              + (f"; in {len(made)} parts" if made else ""))
     for line in deviations:
         step.note("tpu-cell", f"deviation: {line}")
-    return Bundle(out, size, carried, on_host, deviations)
+    return Bundle(out, size, carried, on_host, deviations, [out / PARTS / p.name for p in made], left_out)
+
+
+def relaxed_line(name: str, version: str, wanted: str, python: str) -> str:
+    """The deviation of a distribution installed below its Requires-Python."""
+    return (f"{name} {version} says Requires-Python {wanted}: resolved and installed on Python {python} with that check relaxed "
+            "(pip --ignore-requires-python)")
 
 
 def _resolve_for_host(what: str, requirement: str, python: str, flags: list[str], tmp: pathlib.Path, index: hostindex.HostIndex,
@@ -328,11 +467,6 @@ def _resolve_for_host(what: str, requirement: str, python: str, flags: list[str]
     step.note("tpu-cell", "the host's versions cannot hold as constraints: resolving with them as preferences alone")
     (tmp / "host.txt").write_text("".join(f"{n}=={v}\n" for n, v in preferred.items()))
     _compile(what, requirement, python, flags, tmp, cutoff)
-
-
-def _largest(folder: pathlib.Path) -> list[str]:
-    files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size)[:10]
-    return [f"{p.name} {p.stat().st_size / 2**20:.1f} MiB" for p in files]
 
 
 def _one_version(index: hostindex.HostIndex, name: str, compatible: list[Any]) -> str:

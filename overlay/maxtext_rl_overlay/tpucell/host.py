@@ -40,7 +40,7 @@ MIN_STEP_SECONDS = 60
 #: time can hold a chip), the rest of the tpu_cell tests hold them in-process.
 ENGINE_TESTS = "tests/fixes/test_smoke.py"
 #: The host stand-ins the bundle carries (stand-ins/sitecustomize.py holds each).
-STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
+STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops", "maxtext-py311-aliases")
 #: The variable that names the active stand-ins for sitecustomize.py.
 STAND_INS_VARIABLE = "MRL_HOST_STAND_INS"
 INSTALLED = ".mrl-tpu-cell-installed"
@@ -79,6 +79,7 @@ class CellDocument(TypedDict):
     host: dict[str, Any]
     deviations: list[str]
     steps: dict[str, CellStep]
+    bundle: NotRequired[dict[str, Any]]
 
 
 def _normal(name: str) -> str:
@@ -205,6 +206,10 @@ class Cell:
                 cmd += ["--find-links", where.removeprefix("file://")]
         if first:
             cmd.append("--no-index")
+        relaxed = self.facts.get("requires_python_relaxed") or {}
+        if relaxed:
+            # Resolved here for this Python with only these relaxed (bundle.json): every other pin's Requires-Python was checked.
+            cmd.append("--ignore-requires-python")
         cmd += ["-r", str(requirements)]
         result = self.run("install", cmd, env=dict(os.environ, PIP_CONFIG_FILE=os.devnull, PYTHONPATH=self.host_path))
         if result["rc"] == 0:
@@ -215,6 +220,9 @@ class Cell:
             result["summary"] = (f"{len(pins)} distribution(s) into {self.target} ({size / 2**30:.2f} GiB); the host's own kept: "
                                  + ", ".join(f"{n} {v}" for n, v in sorted(host["host_path_distributions"].items()) if _normal(n) in
                                              _pins(self.bundle / "requirements.txt")))
+            if relaxed:
+                result["summary"] += ("; Requires-Python not checked (pip --ignore-requires-python) for "
+                                      + ", ".join(f"{n} (it says {w})" for n, w in sorted(relaxed.items())))
         return result
 
     def check_sums(self) -> None:
@@ -343,12 +351,38 @@ class Cell:
         if absent:
             lines.append(f"not installed ({len(absent)}): {', '.join(absent)}")
         lines += [f"{w}: {why}" for w, why in self.facts["carried"].items() if "rebuilt" in why]
+        lines += [f"{n} {installed.get(n, 'not installed')} says Requires-Python {w}: installed on Python {platform.python_version()} with "
+                  "that check relaxed" for n, w in sorted((self.facts.get("requires_python_relaxed") or {}).items())]
+        lines += [f"left out: {n} ({why})" for n, why in sorted(_left_out(self.facts).items())]
         return lines
+
+    def bundle_facts(self) -> dict[str, Any]:
+        """cell.json's `bundle`: the form, what was left out and why, and whether the bundle came in parts."""
+        facts: dict[str, Any] = {"form": self.facts.get("form", "plain"), "left_out": _left_out(self.facts)}
+        received = self.bundle / PARTS_RECEIVED
+        if received.is_file():
+            got = json.loads(received.read_text())
+            facts["parts"] = got
+            facts["summary"] = (f"came in {len(got['parts'])} parts ({', '.join(p['name'] for p in got['parts'])}), each checked "
+                                f"against the parts' SHA256SUMS, put together on this host {got['when']}")
+        else:
+            facts["summary"] = "came whole (one call)"
+        return facts
 
     def write(self) -> None:
         """cell.json and cell.md: the one place either is written."""
         (self.report_dir / "cell.json").write_text(json.dumps(self.report, indent=1) + "\n")
         (self.report_dir / "cell.md").write_text(render(self.report))
+
+
+#: What parts.py writes into a bundle it put together from parts (parts.RECEIVED; this file stands alone on the host).
+PARTS_RECEIVED = "PARTS-RECEIVED.json"
+
+
+def _left_out(facts: dict[str, Any]) -> dict[str, str]:
+    """bundle.json's left-outs, name -> why (an older bundle's: a list of names)."""
+    left = facts.get("left_out") or {}
+    return dict(left) if isinstance(left, dict) else {n: "no reason recorded" for n in left}
 
 
 def read_report(path: pathlib.Path, facts: dict[str, Any]) -> CellDocument:
@@ -448,7 +482,13 @@ def render(report: CellDocument) -> str:
              f"- Python {host.get('python')}, glibc {host.get('glibc')}, {host.get('machine')}",
              f"- jax {host.get('jax')}, jaxlib {host.get('jaxlib')}, libtpu {host.get('libtpu')} (the host's own, first on PYTHONPATH)",
              f"- devices: {devices.get('count', '?')} x {devices.get('kind', devices.get('error', '?'))} ({devices.get('backend', '?')})",
-             "", "## Deviations from the release's closure", ""]
+             ""]
+    bundle = report.get("bundle")
+    if bundle:
+        lines += ["## Bundle", "", f"- form: {bundle.get('form')}; {bundle.get('summary')}"]
+        lines += [f"- left out: {n}: {why}" for n, why in sorted((bundle.get("left_out") or {}).items())]
+        lines += [""]
+    lines += ["## Deviations from the release's closure", ""]
     lines += [f"- {d}" for d in report.get("deviations", [])] or ["- (not read yet: run a step after install)"]
     lines += ["", "## Steps", "", "| step | when | rc | seconds | tests | host stand-ins | summary |", "|---|---|---|---|---|---|---|"]
     ordered = sorted(report.get("steps", {}).items(), key=lambda item: (STEPS.index(item[0].split("#")[0]), item[1].get("when", "")))
@@ -489,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     args.host_stand_ins = stand_ins
     cell = Cell(args)
     cell.report["host"] = cell.host_facts(devices=any(s != "install" for s in steps))
+    cell.report["bundle"] = cell.bundle_facts()
     worst = 0
     for cell.repeat_index in range(1, max(args.repeat, 1) + 1):
         for name in steps:

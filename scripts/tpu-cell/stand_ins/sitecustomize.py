@@ -25,6 +25,15 @@ engine copies into its result, so every line it touches names it.
   tpu-inference's gemma4_mm imports) need it importable. Stands in: that
   registration module (torchvision._meta_registrations) is an empty one:
   torchvision imports, without its C++ ops (calling one raises).
+- maxtext-py311-aliases: MaxText 0.2.4 says Requires-Python >=3.12 (the
+  bundle installs it on the host's 3.11 with that check relaxed, a named
+  deviation); of what train_rl imports, only two lines are not Python 3.11:
+  the PEP 695 aliases `type KernelContext = ...` (maxtext/kernels/mhc/
+  common.py) and `type Implementation = ...` (api.py), a SyntaxError there,
+  imported through maxtext.layers.decoders. Stands in: those two modules
+  (only they) are compiled from their source with each `type X = Y` line read
+  as `X = Y` (an alias evaluated at once, not lazily: both right-hand sides
+  name what the module has already imported); no bytecode is written.
 """
 
 from __future__ import annotations
@@ -32,11 +41,16 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
-NAMES = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops")
+NAMES = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops", "maxtext-py311-aliases")
+#: maxtext-py311-aliases: the modules whose PEP 695 aliases are rewritten (only these).
+MAXTEXT_ALIAS_MODULES = ("maxtext.kernels.mhc.common", "maxtext.kernels.mhc.api")
+#: A PEP 695 alias without type parameters, at the start of a line: `type X = Y`.
+TYPE_ALIAS = re.compile(r"^(\s*)type\s+([A-Za-z_]\w*)\s*=", re.MULTILINE)
 ASKED = [n for n in os.environ.get("MRL_HOST_STAND_INS", "").split(",") if n]
 #: The port get_open_port answers without binding (no inet socket can be made here).
 FIXED_PORT = int(os.environ.get("MRL_HOST_STAND_IN_PORT", "29511"))
@@ -90,6 +104,48 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 _hooks = _AfterImport()
+
+
+def rewrite_aliases(source: str) -> str:
+    """`type X = Y` lines read as `X = Y` (maxtext-py311-aliases)."""
+    return TYPE_ALIAS.sub(r"\1\2 =", source)
+
+
+class _RewrittenSource(importlib.abc.MetaPathFinder):
+    """Named modules compiled from their source rewritten (never from, nor to, bytecode)."""
+
+    def __init__(self) -> None:
+        self.rewrites: dict[str, Callable[[str], str]] = {}
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        rewrite = self.rewrites.get(name)
+        if rewrite is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+                spec.loader = _RewritingLoader(name, spec.loader.path, rewrite)
+                return spec
+            if spec is not None:
+                return None
+        return None
+
+
+class _RewritingLoader(importlib.machinery.SourceFileLoader):
+    def __init__(self, fullname: str, path: str, rewrite: Callable[[str], str]) -> None:
+        super().__init__(fullname, path)
+        self.rewrite = rewrite
+
+    def get_code(self, fullname: str) -> Any:
+        source = self.get_source(fullname)
+        if source is None:
+            raise ImportError(f"maxtext-py311-aliases: no source for {fullname}", name=fullname)
+        return compile(self.rewrite(source), self.path, "exec", dont_inherit=True)
+
+
+_rewritten = _RewrittenSource()
 
 
 def _activate(name: str, what: str) -> None:
@@ -182,6 +238,12 @@ def _install() -> None:
         _empty.names.add("torchvision._meta_registrations")
         _activate("torchvision-no-ops", "torchvision imports without its C++ ops (its meta registrations skipped)")
         sys.meta_path.insert(0, _empty)
+    if "maxtext-py311-aliases" in ASKED:
+        for module in MAXTEXT_ALIAS_MODULES:
+            _rewritten.rewrites[module] = rewrite_aliases
+        _activate("maxtext-py311-aliases", "MaxText's two PEP 695 aliases (maxtext.kernels.mhc.common, .api) read as plain assignments on "
+                                           "Python 3.11")
+        sys.meta_path.insert(0, _rewritten)
     if _hooks.hooks:
         sys.meta_path.insert(0, _hooks)
 
