@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from . import output
-from .errors import OverlayError
+from .errors import ExitCode, OverlayError
 from .staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
@@ -375,6 +375,16 @@ class Cleaned:
     removed: tuple[str, ...]  # the folders removed from the cache's root: KINDS
     freed: int  # bytes
     left: tuple[str, ...] = ()  # what else the cache's root holds, not the tool's: left as it is
+
+
+def command(cache: pathlib.Path) -> int:
+    """`clean`: the cache emptied (`clean`), what went and what was left said; the exit status."""
+    done = clean(cache)
+    what = "removed " + ", ".join(done.removed) if done.removed else "nothing was kept"
+    print(f"clean: {done.cache}: {what}; {done.freed / 2**30:.1f} GiB freed")
+    if done.left:
+        print(f"clean: left {', '.join(done.left)}: not the tool's (remove by hand what you do not need)")
+    return ExitCode.OK
 
 
 def clean(cache: pathlib.Path) -> Cleaned:

@@ -20,13 +20,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import indexpages, options, output, proc, reports, staging, tables
+from . import indexpages, options, output, proc, reports, tables
 from .constraintsfile import recorded_cutoff
-from .errors import ExitCode, OverlayError
+from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
 from .options import refuse_unknown
 from .output import step
 from .pins import load_project
+from .verdict import Command, Said, write_report
 
 #: Where the suite runs: "cpu" simulates the 8 chips of a TPU v6e-8, "tpu" is one.
 Platform = Literal["cpu", "tpu"]
@@ -395,15 +396,14 @@ class MatrixOptions:
 
 
 def command(opts: MatrixOptions) -> int:
-    """`test-matrix`: every cell run, the table printed, the report written
-    (opts.json: until the end it says the matrix did not finish)."""
-    if opts.json:
-        write_json(opts.json, None, opts)  # before any work: FILE must be writable and absent, empty or the matrix's own
-    results = run(opts.project_root, opts.wheels, opts.work, platform=opts.platform, quick=opts.quick, keep=opts.keep)
-    print(render(results))
-    if opts.json:
-        write_json(opts.json, results, opts)
-    return ExitCode.OK if results and all(r.ok for r in results) else ExitCode.CHECK_FAILED
+    """`test-matrix`: every cell run, the table printed (its answer: no
+    verdict line), the report written (opts.json: until the end it says the
+    matrix did not finish); the exit status."""
+    def run_cells() -> list[CellResult]:
+        return run(opts.project_root, opts.wheels, opts.work, platform=opts.platform, quick=opts.quick, keep=opts.keep)
+
+    return Command("test-matrix", opts.json, run_cells, render, lambda results: Said(bool(results) and all(r.ok for r in results), None),
+                   lambda results: json_document(results, opts))()
 
 
 def json_document(results: list[CellResult] | None, opts: MatrixOptions) -> reports.MatrixDocument:
@@ -416,6 +416,6 @@ def json_document(results: list[CellResult] | None, opts: MatrixOptions) -> repo
 
 
 def write_json(path: pathlib.Path, results: list[CellResult] | None, opts: MatrixOptions) -> None:
-    """test-matrix --json FILE: the one place it is written, whole or not at
-    all; an existing FILE only where it is empty or a matrix report."""
-    staging.write_atomically(path, reports.dumps(json_document(results, opts)), owner=reports.owner("test-matrix"))
+    """test-matrix --json FILE (verdict.write_report: whole or not at all; an
+    existing FILE only where it is empty or a matrix report)."""
+    write_report("test-matrix", path, json_document(results, opts))

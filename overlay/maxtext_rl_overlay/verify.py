@@ -33,10 +33,11 @@ import sys
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest, output, probes, proc, reports, staging, tables
+from . import manifest, probes, proc, reports, tables
 from .digest import sha256_file
 from .errors import OverlayError, TimedOut
 from .manifest import Manifest
+from .verdict import Command, Said, write_report
 
 #: How long the import check may take (tpu_inference alone imports vLLM,
 #: torch and transformers: 25-35 s on a small machine).
@@ -493,10 +494,7 @@ class Verdict:
 
 
 def verify(opts: VerifyOptions) -> Verdict:
-    """The installed stack checked as `opts` asks; with opts.json, the
-    report written (also on a NO; until the end it says verify did not finish)."""
-    if opts.json:
-        write_json(opts.json, None)  # before any work: FILE must be writable and absent, empty or verify's own
+    """The installed stack checked as `opts` asks."""
     doc = manifest.load_installed()
     findings = check(doc, require_pinned=opts.require_pinned, environment=not opts.files_only)
     if opts.imports and not opts.files_only:
@@ -504,11 +502,16 @@ def verify(opts: VerifyOptions) -> Verdict:
     deviations = host_deviations(opts.host_deviations) if opts.host_deviations else []
     findings = accept_deviations(findings, deviations)
     bad = [f for f in findings if not f.ok]
-    verdict = Verdict(findings, deviations, explain(findings, doc) if bad else [], verdict_line(findings, deviations, opts), opts,
-                      doc.environment.resolution_cutoff)
-    if opts.json:
-        write_json(opts.json, verdict)
-    return verdict
+    return Verdict(findings, deviations, explain(findings, doc) if bad else [], verdict_line(findings, deviations, opts), opts,
+                   doc.environment.resolution_cutoff)
+
+
+def command(opts: VerifyOptions) -> int:
+    """`verify`: the table on stdout; the verdict on stdout (yes) or stderr
+    (NO, with what to do); with opts.json, the report written (also on a NO;
+    until the end it says verify did not finish); the exit status."""
+    return Command("verify", opts.json, lambda: verify(opts), lambda verdict: render(verdict.findings),
+                   lambda verdict: Said(verdict.ok, verdict.line, tuple(verdict.explanation)), json_document)()
 
 
 def verdict_line(findings: list[Finding], deviations: list[str], opts: VerifyOptions) -> str:
@@ -523,17 +526,6 @@ def verdict_line(findings: list[Finding], deviations: list[str], opts: VerifyOpt
         what += "; the closure (torch) and the imports NOT checked (--files-only)"
     what += "." if not opts.imports or opts.files_only else "; the stack imports."
     return f"verify: yes, {on_host}. Otherwise: {what}" if on_host else f"verify: yes - {what}"
-
-
-def print_verdict(verdict: Verdict) -> None:
-    """The table on stdout; the verdict on stdout (yes) or stderr (NO, with what to do)."""
-    print(render(verdict.findings))
-    if verdict.ok:
-        print(f"\n{verdict.line}")
-        return
-    output.verdict(f"\n{verdict.line}")
-    for line in verdict.explanation:
-        output.verdict(f"  {line}")
 
 
 def json_document(verdict: Verdict | None) -> reports.VerifyDocument:
@@ -554,6 +546,6 @@ def json_document(verdict: Verdict | None) -> reports.VerifyDocument:
 
 
 def write_json(path: pathlib.Path, verdict: Verdict | None) -> None:
-    """verify --json FILE: the one place it is written, whole or not at all;
-    an existing FILE only where it is empty or a verify report."""
-    staging.write_atomically(path, reports.dumps(json_document(verdict)), owner=reports.owner("verify"))
+    """verify --json FILE (verdict.write_report: whole or not at all; an
+    existing FILE only where it is empty or a verify report)."""
+    write_report("verify", path, json_document(verdict))
