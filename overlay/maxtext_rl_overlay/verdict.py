@@ -2,9 +2,10 @@
 test-matrix): its report (--json FILE) written first as a placeholder that
 says the command did not finish, then the run, the table on stdout, the
 report written whole, the verdict line (yes on stdout; NO on stderr, with
-what to do) and the exit status. Each command gives its kind, its report's
-path, its run, its table and its verdict; the report's document and its
-form are the command's and reports.py's."""
+what to do, and under GitHub Actions an ::error:: annotation) and the exit
+status. Each command gives its kind, its report's path, its run, its table
+and its verdict; the report's document and its form are the command's and
+reports.py's."""
 
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class Command(Generic[T]):
         except self.stops as exc:
             self._write(exc)
             output.verdict(self.stopped(exc))
+            output.annotate_error(self.stopped(exc))
             return exc.status
         print(self.render(result))
         self._write(result)
@@ -72,6 +74,7 @@ class Command(Generic[T]):
             output.verdict(f"\n{said.line}")
             for line in said.advice:
                 output.verdict(f"  {line}")
+            output.annotate_error(said.line)
         return ExitCode.OK if said.ok else ExitCode.CHECK_FAILED
 
     def _write(self, outcome: object) -> None:
