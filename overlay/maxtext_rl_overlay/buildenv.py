@@ -48,7 +48,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys
+from . import buildcache, cachekeys, probes
 from .environment import Torch
 from .errors import OverlayError
 from .output import step
@@ -63,10 +63,6 @@ TOOLCHAIN_FILE = "build-requirements.txt"
 _INPUT = "# Input (the tree's build-system requires, torch aside): "
 #: The parts of the CUDA toolkit a CUDA torch's CMake config needs to configure.
 CUDA_TOOLKIT_EXTRAS = "nvcc,crt,nvvm,cccl,cudart"
-_PROBE = (
-    "import importlib.metadata as md, json, torch; "
-    "print(json.dumps({'version': md.version('torch'), 'cuda': torch.version.cuda or '', 'requires': md.requires('torch') or []}))"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +202,7 @@ def _pins_and_hashes(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def _version_of(python: str) -> str:
-    return str(run([python, "-c", "import sys; print(sys.version)"], what=f"asking {python} its version").stdout).strip()
+    return str(cachekeys.python_version(python, what=f"asking {python} its version"))
 
 
 def _run(who: str, cmd: list[str], what: str, cwd: pathlib.Path | None = None, input: str | None = None) -> str:
@@ -227,7 +223,7 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
         # What torch needs beyond them is resolved against the registry as of the cutoff.
         under = [uv, "pip", "install", "--quiet", "-p", vpy, "-c", str(lockfile), "--exclude-newer", cutoff]
         _run(who, [*under, *links, f"torch=={torch.version}"], "installing torch")
-        info = json.loads(_run(who, [vpy, "-c", _PROBE], "importing torch in the build venv").strip().splitlines()[-1])
+        info = json.loads(_run(who, probes.command(vpy, "torch_build"), "importing torch in the build venv").strip().splitlines()[-1])
         if info["version"] != torch.version:
             raise OverlayError(f"{who}: the build venv got torch {info['version']}, not the closure's {torch.version}.")
         if info["cuda"]:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from . import indexpages, options, output, proc, reports, tables
+from .cachekeys import python_version
 from .constraintsfile import recorded_cutoff
 from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
@@ -272,8 +273,8 @@ def _python(version: str) -> str:
     candidates = [options.settings().python, shutil.which(f"python{version}")]
     candidates += [str(p) for p in sorted(pyenv_root.glob(f"versions/{version}*/bin/python3"), reverse=True)]
     for candidate in filter(None, candidates):
-        probe = proc.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False, what=f"probing {candidate}")
-        if probe.returncode == 0 and probe.stdout.strip() == version:
+        said = python_version(candidate, what=f"probing {candidate}", check=False)
+        if said is not None and ".".join(said.split()[0].split(".")[:2]) == version:
             return candidate
     raise OverlayError(f"no Python {version} found: install one (pyenv install {version}) or set MRL_PYTHON.")
 
