@@ -76,6 +76,10 @@ class Problem(enum.StrEnum):
     DEVIATION = "host deviation"  # accepted as a named host deviation (--host-deviations)
 
 
+#: The check column of a check with a subject (Finding.what); the others say the check's name.
+_WHAT: dict[Check, str] = {Check.FILE: "{subject}", Check.RESOLVES_TO: "import {subject} resolves to", Check.IMPORT: "import {subject}",
+                           Check.LEFTOVER: "leftover {subject}"}
+
 #: What to do about a problem, where that is the same whatever was found: a
 #: finding's `remedy`, and what `explain` says again in its sentences.
 REMEDY: dict[Problem, str] = {
@@ -106,16 +110,7 @@ class Finding:
     @property
     def what(self) -> str:
         """The check column: "version", the file's path, "import MODULE", ..."""
-        match self.check:
-            case Check.FILE:
-                return self.subject
-            case Check.RESOLVES_TO:
-                return f"import {self.subject} resolves to"
-            case Check.IMPORT:
-                return f"import {self.subject}"
-            case Check.LEFTOVER:
-                return f"leftover {self.subject}"
-        return self.check.value
+        return _WHAT[self.check].format(subject=self.subject) if self.check in _WHAT else self.check.value
 
     @property
     def shown(self) -> str:
