@@ -80,7 +80,7 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
     inputs = {"format": BUILDENV_CACHE_FORMAT, "toolchain": _pins_and_hashes(toolchain), "torch": torch.version,
               "find_links": list(torch.find_links), "python": _version_of(python), "exclude_newer": cutoff}
     key = cachekeys.key(inputs)
-    entry = buildcache.Entry(cache / "buildenv" / key, key, who=who, kind="buildenv")
+    entry = buildcache.KINDS["buildenv"].entry(cache, key, key, who=who)
     root = entry.path
     # Under the entry's lock: an incomplete environment (no record) is one a
     # build was interrupted in (no other build can be filling it), so it is
@@ -237,10 +237,6 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
     return dict(info)  # the record, written last by the entry: what says that the environment is complete
 
 
-#: How the output names a kept build environment.
-_SAID = buildcache.Said("build environment", "making it again")
-
-
 def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
     """The record of a complete build environment; None for none (an
     environment a build was stopped in, without its record) or a damaged
@@ -251,7 +247,7 @@ def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
             raise buildcache.Damaged
         return record
 
-    return entry.reuse(check, _SAID)
+    return entry.reuse(check)
 
 
 def _link_toolkit(who: str, root: pathlib.Path, cuda: str) -> pathlib.Path:
