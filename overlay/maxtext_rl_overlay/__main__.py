@@ -106,41 +106,6 @@ def _seconds_arg(text: str) -> float:
 # from_args), then its stage's one function.
 
 
-def _cmd_build(opts: build.BuildOptions) -> int:
-    return build.command(opts)
-
-
-def _cmd_verify(opts: verify.VerifyOptions) -> int:
-    verdict = verify.verify(opts)
-    verify.print_verdict(verdict)
-    return ExitCode.OK if verdict.ok else ExitCode.CHECK_FAILED
-
-
-def _cmd_smoke(opts: SmokeOptions) -> int:
-    return smoke_report.command(opts)
-
-
-def _cmd_tpu_cell_bundle(opts: bundle.BundleOptions) -> int:
-    return bundle.command(opts)
-
-
-def _cmd_lint(root: pathlib.Path) -> int:
-    return lint.command(root)
-
-
-def _cmd_test_matrix(opts: MatrixOptions) -> int:
-    return testmatrix.command(opts)
-
-
-def _cmd_clean(_: None) -> int:
-    done = buildcache.clean(sources.cache_root())
-    what = "removed " + ", ".join(done.removed) if done.removed else "nothing was kept"
-    print(f"clean: {done.cache}: {what}; {done.freed / 2**30:.1f} GiB freed")
-    if done.left:
-        print(f"clean: left {', '.join(done.left)}: not the tool's (remove by hand what you do not need)")
-    return ExitCode.OK
-
-
 def _cmd_cutoff(opts: tuple[pathlib.Path, str | None]) -> int:
     root, moved_to = opts
     if moved_to is None:
@@ -167,8 +132,8 @@ def _project_root(args: argparse.Namespace) -> pathlib.Path:
     return project_root(args.project)
 
 
-def _no_options(args: argparse.Namespace) -> None:
-    return None
+def _cache_root(args: argparse.Namespace) -> pathlib.Path:
+    return sources.cache_root()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -214,7 +179,7 @@ def _parser() -> argparse.ArgumentParser:
                         "host's version is accepted as one")
     v.add_argument("--json", type=pathlib.Path, metavar="FILE",
                    help="also write the findings and the verdict as JSON to FILE (docs/reports.md), on a NO too")
-    runs(v, _cmd_verify, verify.VerifyOptions.from_args)
+    runs(v, verify.command, verify.VerifyOptions.from_args)
 
     s = command("smoke", "start the installed engine on a tiny model made here, generate, and check it against transformers")
     s.add_argument("--cpu-simulation", action="store_true",
@@ -222,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE (docs/reports.md)")
     s.add_argument("--timeout", type=_seconds_arg, default=SmokeOptions.timeout, metavar="SECONDS",
                    help="for each engine process, start and generates (default: %(default).0f); past it the check names the step")
-    runs(s, _cmd_smoke, SmokeOptions.from_args)
+    runs(s, smoke_report.command, SmokeOptions.from_args)
 
     b = command("build", "build the overlay wheels, the index and constraints.txt from the pins", project)
     b.add_argument("--source", action="append", default=[], type=_source_arg, metavar="NAME=PATH",
@@ -241,10 +206,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="interpreter for the builds and the resolver (default: this one)")
     b.add_argument("--base-url", type=_base_url_arg, metavar="URL",
                    help="where the index folder will be served: its constraints.txt then names the index by this URL")
-    runs(b, _cmd_build, build.BuildOptions.from_args)
+    runs(b, build.command, build.BuildOptions.from_args)
 
-    lint = command("lint", "check every patch of every series for its trailers and format", project)
-    runs(lint, _cmd_lint, _project_root)
+    li = command("lint", "check every patch of every series for its trailers and format", project)
+    runs(li, lint.command, _project_root)
 
     cut = command("cutoff", "print the resolution cutoff (pyproject.toml's resolution-cutoff: every resolution sees the registry as of it), "
                             "or move it", project)
@@ -278,7 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--quick", action="store_true", help="the subset every CI run takes")
     t.add_argument("--keep", action="store_true", help="keep the venvs")
     t.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE (docs/reports.md)")
-    runs(t, _cmd_test_matrix, MatrixOptions.from_args)
+    runs(t, testmatrix.command, MatrixOptions.from_args)
 
     cell = command("tpu-cell", "the TPU cell: a release bundled for a TPU host with its own JAX and no network (docs/tpu-cell.md)")
     cell_sub = cell.add_subparsers(dest="cell_command", required=True, metavar="COMMAND")
@@ -286,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
                              description="Make the TPU cell's bundle from a release: the closure resolved for the host, the wheels "
                                          "its index lacks, the tests, the stand-ins and run.sh.")
     cb.set_defaults(parser=cb)
-    runs(cb, _cmd_tpu_cell_bundle, bundle.BundleOptions.from_args)
+    runs(cb, bundle.command, bundle.BundleOptions.from_args)
     cb.add_argument("--release", type=pathlib.Path, required=True, metavar="DIST", help="the release (a build's --out, with its constraints.txt)")
     cb.add_argument("--out", type=pathlib.Path, required=True, metavar="BUNDLE", help="the bundle's folder (replaced if it is a bundle)")
     cb.add_argument("--host-index", action="append", default=[], required=True, metavar="URL_OR_DIR",
@@ -319,7 +284,7 @@ def _parser() -> argparse.ArgumentParser:
     cb.add_argument("--torch-standin", action="store_true", help="as build's (the release was built with it)")
 
     c = command("clean", "empty the build cache (MRL_CACHE_DIR, by default ~/.cache/maxtext-rl-overlay); refused while a build uses it")
-    runs(c, _cmd_clean, _no_options)
+    runs(c, buildcache.command, _cache_root)
     return parser
 
 

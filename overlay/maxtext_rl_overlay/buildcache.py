@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from . import output
-from .errors import OverlayError
+from .errors import ExitCode, OverlayError
 from .staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
@@ -54,31 +54,6 @@ TAG_TEXT = (
 #: every build, exclusively by `clean`) is the one at its top.
 LOCKS = "locks"
 ROOT_LOCK = "cache.lock"
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """One folder of the cache, `<cache>/<folder>/<entry>`: what it holds
-    and who makes it (`about`: clean's list), and whether its entries are
-    Entries with records (`records`); the others, the git mirrors and the
-    downloads, are named by what they hold (a commit, a sha256) and checked
-    by it on every use, as Entries too, under the same per-entry locks (Entry.locked)."""
-
-    about: str
-    records: bool = True
-
-
-#: The folders the tool keeps in the cache: all that `clean` removes.
-KINDS = {
-    "sources": Kind("checked-out source trees (sources.py)"),
-    "git": Kind("git mirrors of the upstreams (sources.py, rebase)", records=False),
-    "patched": Kind("patched trees (patching.py)"),
-    "wheels": Kind("built wheels (wheels.py)"),
-    "buildenv": Kind("build environments (buildenv.py)"),
-    "closures": Kind("resolutions of the closure (closures.py)"),
-    "releases": Kind("MaxText release wheels (registry.py, for environment.py)"),
-    "standins": Kind("the stand-in sdists of the tests (tests/standins.py)", records=False),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class Said:
     """How the output names one kind of kept result: the words of the module
@@ -97,6 +72,43 @@ class Said:
 
     def not_kept(self, why: BaseException) -> str:
         return f"the {self.result} was not kept for reuse ({why})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One folder of the cache, `<cache>/<folder>/<entry>`: what it holds
+    and who makes it (`about`: clean's list), and, for a kind whose entries
+    keep records, how the output names one of its results (`said`); the
+    others, the git mirrors and the downloads, are named by what they hold
+    (a commit, a sha256) and checked by it on every use, as Entries too,
+    under the same per-entry locks (Entry.locked). A kind makes its own
+    entries (`entry`)."""
+
+    folder: str
+    about: str
+    said: Said | None = None
+
+    @property
+    def records(self) -> bool:
+        return self.said is not None
+
+    def entry(self, cache: pathlib.Path, name: str, key: str, *, who: str, one_file: bool = False) -> Entry:
+        """Its entry `name` in the cache `cache`, found by `key`, made for `who`."""
+        return Entry(cache / self.folder / name, key, who=who, kind=self.folder, one_file=one_file)
+
+
+#: The folders the tool keeps in the cache: all that `clean` removes.
+KINDS = {kind.folder: kind for kind in (
+    Kind("sources", "checked-out source trees (sources.py)", Said("source tree", "making it again")),
+    Kind("git", "git mirrors of the upstreams (sources.py, rebase)"),
+    Kind("patched", "patched trees (patching.py)", Said("patched tree", "patching afresh")),
+    Kind("wheels", "built wheels (wheels.py)", Said("wheel", "building afresh")),
+    Kind("buildenv", "build environments (buildenv.py)", Said("build environment", "making it again")),
+    # "cached", as the resolution's other notes say
+    Kind("closures", "resolutions of the closure (closures.py)", Said("resolution", "resolving afresh", kept="cached")),
+    Kind("releases", "MaxText release wheels (registry.py, for environment.py)", Said("release record", "asking the index again")),
+    Kind("standins", "the stand-in sdists of the tests (tests/standins.py)"),
+)}
 
 
 #: What a kept folder holds beside its result: its record.
@@ -127,7 +139,7 @@ class Entry:
     is made and reused under its lock (`locked`): one build makes it while
     the others wait, then reuse it. `who` is whom it is made for (a
     distribution, "constraints"): whose lines its notes are. What it is
-    called in them is the caller's (a Said, given to `reuse` and `store`)."""
+    called in them is its kind's (Kind.said)."""
 
     path: pathlib.Path
     key: str
@@ -145,6 +157,12 @@ class Entry:
             raise ValueError(f"{self.kind!r} is not a kind of the cache that keeps entries with records")
 
     @property
+    def _said(self) -> Said:
+        said = KINDS[self.kind].said
+        assert said is not None  # _records() said so first
+        return said
+
+    @property
     def record_path(self) -> pathlib.Path:
         return self.path if self.one_file else self.path / RECORD
 
@@ -159,10 +177,10 @@ class Entry:
         read it, while no other build touches it."""
         return _flock(self.lock_path, who=self.who, what=f"the cache's {self.path.parent.name}/{self.path.name}")
 
-    def reuse(self, check: Callable[[dict[str, Any]], _T], said: Said) -> _T | None:
+    def reuse(self, check: Callable[[dict[str, Any]], _T]) -> _T | None:
         """What `check` makes of the record of a whole entry; None for no
         entry (a folder without its record is one a build was stopped in),
-        and for a damaged one, which is said (in `said`'s words) and removed (the caller
+        and for a damaged one, which is said (in its kind's words) and removed (the caller
         makes it again). Damaged: a record that cannot be read, is not JSON
         or is another key's, or one `check` rejects: raising Damaged, or
         KeyError, TypeError or ValueError (a field missing or of the wrong
@@ -177,7 +195,7 @@ class Entry:
             return check(record)
         except (Damaged, OSError, ValueError, KeyError, TypeError):
             pass
-        output.note(self.who, said.damaged(self.key))
+        output.note(self.who, self._said.damaged(self.key))
         self._remove()
         return None
 
@@ -191,16 +209,16 @@ class Entry:
     def _text(self, record: dict[str, Any]) -> str:
         return json.dumps({**record, "key": self.key}, indent=1, sort_keys=True) + "\n"
 
-    def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None, *, said: Said) -> bool:
+    def store(self, record: dict[str, Any], fill: Callable[[pathlib.Path], object] | None = None) -> bool:
         """Keep a copy of a result made elsewhere (a wheel, a patched tree, a
         resolution): `record` (the key is added) and, in a folder, what
         `fill` puts into the (staged) folder it is given. An entry appears
-        whole or not at all. False, said (in `said`'s words), when the cache cannot take it
+        whole or not at all. False, said (in its kind's words), when the cache cannot take it
         (full, read-only): the result stands, only its reuse is lost."""
         try:
             self.make(lambda staged: (fill is not None and fill(staged), record)[1])
         except (OSError, OverlayError) as exc:  # OverlayError: staging's "cannot write", and NoSpace
-            output.note(self.who, said.not_kept(exc))
+            output.note(self.who, self._said.not_kept(exc))
             return False
         return True
 
@@ -375,6 +393,16 @@ class Cleaned:
     removed: tuple[str, ...]  # the folders removed from the cache's root: KINDS
     freed: int  # bytes
     left: tuple[str, ...] = ()  # what else the cache's root holds, not the tool's: left as it is
+
+
+def command(cache: pathlib.Path) -> int:
+    """`clean`: the cache emptied (`clean`), what went and what was left said; the exit status."""
+    done = clean(cache)
+    what = "removed " + ", ".join(done.removed) if done.removed else "nothing was kept"
+    print(f"clean: {done.cache}: {what}; {done.freed / 2**30:.1f} GiB freed")
+    if done.left:
+        print(f"clean: left {', '.join(done.left)}: not the tool's (remove by hand what you do not need)")
+    return ExitCode.OK
 
 
 def clean(cache: pathlib.Path) -> Cleaned:

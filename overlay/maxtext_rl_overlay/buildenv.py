@@ -48,7 +48,7 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys
+from . import buildcache, cachekeys, probes
 from .environment import Torch
 from .errors import OverlayError
 from .output import step
@@ -63,10 +63,6 @@ TOOLCHAIN_FILE = "build-requirements.txt"
 _INPUT = "# Input (the tree's build-system requires, torch aside): "
 #: The parts of the CUDA toolkit a CUDA torch's CMake config needs to configure.
 CUDA_TOOLKIT_EXTRAS = "nvcc,crt,nvvm,cccl,cudart"
-_PROBE = (
-    "import importlib.metadata as md, json, torch; "
-    "print(json.dumps({'version': md.version('torch'), 'cuda': torch.version.cuda or '', 'requires': md.requires('torch') or []}))"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +80,7 @@ def prepare(who: str, tree: pathlib.Path, torch: Torch, python: str, cache: path
     inputs = {"format": BUILDENV_CACHE_FORMAT, "toolchain": _pins_and_hashes(toolchain), "torch": torch.version,
               "find_links": list(torch.find_links), "python": _version_of(python), "exclude_newer": cutoff}
     key = cachekeys.key(inputs)
-    entry = buildcache.Entry(cache / "buildenv" / key, key, who=who, kind="buildenv")
+    entry = buildcache.KINDS["buildenv"].entry(cache, key, key, who=who)
     root = entry.path
     # Under the entry's lock: an incomplete environment (no record) is one a
     # build was interrupted in (no other build can be filling it), so it is
@@ -206,7 +202,7 @@ def _pins_and_hashes(text: str) -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def _version_of(python: str) -> str:
-    return str(run([python, "-c", "import sys; print(sys.version)"], what=f"asking {python} its version").stdout).strip()
+    return str(cachekeys.python_version(python, what=f"asking {python} its version"))
 
 
 def _run(who: str, cmd: list[str], what: str, cwd: pathlib.Path | None = None, input: str | None = None) -> str:
@@ -227,7 +223,7 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
         # What torch needs beyond them is resolved against the registry as of the cutoff.
         under = [uv, "pip", "install", "--quiet", "-p", vpy, "-c", str(lockfile), "--exclude-newer", cutoff]
         _run(who, [*under, *links, f"torch=={torch.version}"], "installing torch")
-        info = json.loads(_run(who, [vpy, "-c", _PROBE], "importing torch in the build venv").strip().splitlines()[-1])
+        info = json.loads(_run(who, probes.command(vpy, "torch_build"), "importing torch in the build venv").strip().splitlines()[-1])
         if info["version"] != torch.version:
             raise OverlayError(f"{who}: the build venv got torch {info['version']}, not the closure's {torch.version}.")
         if info["cuda"]:
@@ -241,10 +237,6 @@ def _make(who: str, root: pathlib.Path, python: str, toolchain: str, torch: Torc
     return dict(info)  # the record, written last by the entry: what says that the environment is complete
 
 
-#: How the output names a kept build environment.
-_SAID = buildcache.Said("build environment", "making it again")
-
-
 def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
     """The record of a complete build environment; None for none (an
     environment a build was stopped in, without its record) or a damaged
@@ -255,7 +247,7 @@ def kept_environment(entry: buildcache.Entry) -> dict[str, Any] | None:
             raise buildcache.Damaged
         return record
 
-    return entry.reuse(check, _SAID)
+    return entry.reuse(check)
 
 
 def _link_toolkit(who: str, root: pathlib.Path, cuda: str) -> pathlib.Path:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from . import proc
+from . import probes, proc
 
 
 def key(inputs: dict[str, Any]) -> str:
@@ -94,8 +94,15 @@ def _interpreter(python: str) -> str:
     the metadata of sdists): its path and version."""
     if os.path.realpath(python) == os.path.realpath(sys.executable):
         return f"{os.path.realpath(python)} {sys.version}"
-    done = proc.run([python, "-c", "import sys; print(sys.version)"], what="reading the interpreter's version")
-    return f"{os.path.realpath(python)} {done.stdout.strip()}"
+    said = python_version(python, what="reading the interpreter's version")
+    return f"{os.path.realpath(python)} {said}"
+
+
+def python_version(python: str, *, what: str, check: bool = True) -> str | None:
+    """`python`'s sys.version, as it says it (probes/python_version.py);
+    with check=False, None for one that does not run."""
+    done = proc.run(probes.command(python, "python_version"), what=what, check=check)
+    return str(done.stdout).strip() if done.returncode == 0 else None
 
 
 @functools.cache

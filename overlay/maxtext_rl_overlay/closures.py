@@ -61,15 +61,10 @@ def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environ
     resolution-cutoff): the pinned closure. A cached answer for the same
     inputs is reused."""
     key, inputs = cache_key(index_dir, requirement, python, env, cutoff)
-    entry = buildcache.Entry((cache or sources.cache_root()) / "closures" / f"{key}.json", key, who="constraints", kind="closures",
-                             one_file=True)
+    entry = buildcache.KINDS["closures"].entry(cache or sources.cache_root(), f"{key}.json", key, who="constraints", one_file=True)
     # Under the entry's lock: a concurrent build of the same closure waits, then reuses it.
     with entry.locked():
         return _resolve(index_dir, requirement, python, env, cutoff, entry, inputs, options.settings().refresh)
-
-
-#: How the output names a kept resolution: "cached", as its other notes say.
-_SAID = buildcache.Said("resolution", "resolving afresh", kept="cached")
 
 
 def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, cutoff: str, entry: buildcache.Entry,
@@ -88,7 +83,7 @@ def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Enviro
                                "against; check the pins' requirement overrides.")
     if cached is None:
         record = {"format": CLOSURE_CACHE_FORMAT, "sha256": closure_sha256(closure), "inputs": inputs, "closure": closure}
-        if entry.store(record, said=_SAID):
+        if entry.store(record):
             step.note("constraints", f"resolution cached as {entry.key[:12]}")
     return closure
 
@@ -182,4 +177,4 @@ def _cached(entry: buildcache.Entry) -> str | None:
             raise buildcache.Damaged
         return closure
 
-    return entry.reuse(check, _SAID)
+    return entry.reuse(check)

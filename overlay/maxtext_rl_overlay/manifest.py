@@ -16,6 +16,7 @@ from importlib import resources
 from typing import Any
 
 from .errors import OverlayError
+from .jsonread import json_object
 
 FORMAT = 1
 RESOURCE = "manifest.json"
@@ -148,12 +149,7 @@ class Manifest:
 
     @classmethod
     def loads(cls, text: str) -> Manifest:
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise OverlayError(f"the installed manifest is not JSON ({exc}); reinstall maxtext-rl-overlay.") from None
-        if not isinstance(doc, dict):
-            raise OverlayError(f"the installed manifest is not a JSON object but {type(doc).__name__}; reinstall maxtext-rl-overlay.")
+        doc = json_object(text, "the installed manifest", "; reinstall maxtext-rl-overlay.", name_type=True)
         if doc.get("format") != FORMAT:
             raise OverlayError(f"the installed manifest has format {doc.get('format')}; this tool reads format {FORMAT}.")
         try:

@@ -29,13 +29,20 @@ holds its logger): stderr, looked up at each write (so pytest's capsys sees
 it), unless a test swaps it with `captured()`. The -v switch (`verbose`,
 `set_verbose`) is held beside it. A thread started to pump a child's output
 runs in a copy of its starter's context (`in_this_context`), so its lines go
-to the same sink."""
+to the same sink.
+
+Under GitHub Actions (GITHUB_ACTIONS=true, where the release and the refresh
+run) the lines are the same, and two workflow commands are added: a long
+step's lines are folded between `::group::` and `::endgroup::` (its end,
+done or failed, after the fold, so it shows), and a NO verdict is also an
+`::error::` annotation (`annotate_error`)."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -80,6 +87,23 @@ def verdict(line: str) -> None:
     """A command's verdict for the person (a NO and what to do), already led
     by the command's name (`verify: NO - ...`): written as it is."""
     emit(line)
+
+
+def github_actions() -> bool:
+    """Whether this runs under GitHub Actions (looked up at each call)."""
+    return os.environ.get("GITHUB_ACTIONS") == "true"
+
+
+def _workflow_text(text: str) -> str:
+    # A workflow command's value is one line: GitHub's own escapes.
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def annotate_error(line: str) -> None:
+    """Under GitHub Actions, `line` (a NO verdict, already said) as an
+    `::error::` annotation too; elsewhere nothing."""
+    if github_actions():
+        emit(f"::error::{_workflow_text(line.strip())}")
 
 
 def warn(text: str, *, who: str = "") -> None:
@@ -154,12 +178,19 @@ class _Step:
     @contextlib.contextmanager
     def _timed(self, who: str, what: str) -> Iterator[None]:
         start = time.monotonic()
+        grouped = github_actions()
+        if grouped:
+            emit(f"::group::{_workflow_text(prefix(who) + what)}")
         note(who, f"{what} ...")
         try:
             yield
         except BaseException:
+            if grouped:
+                emit("::endgroup::")
             note(who, f"{what}: failed after {time.monotonic() - start:.1f}s")
             raise
+        if grouped:
+            emit("::endgroup::")
         note(who, f"{what}: done in {time.monotonic() - start:.1f}s")
 
     @staticmethod

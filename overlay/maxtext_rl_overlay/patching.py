@@ -117,13 +117,9 @@ def _patched_inputs(pin: Pin, source: Source, engine: Engine) -> dict[str, Any]:
     }
 
 
-#: How the output names a kept patched tree.
-_SAID = buildcache.Said("patched tree", "patching afresh")
-
-
 def _entry(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any]) -> buildcache.Entry:
     key = cachekeys.key(inputs)
-    return buildcache.Entry(cache / "patched" / f"{pin.distribution}-{key}", key, who=pin.distribution, kind="patched")
+    return buildcache.KINDS["patched"].entry(cache, f"{pin.distribution}-{key}", key, who=pin.distribution)
 
 
 def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: pathlib.Path) -> list[PatchRecord] | None:
@@ -142,7 +138,7 @@ def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: path
                 raise buildcache.Damaged
         return applied, record["tree"]
 
-    kept = entry.reuse(check, _SAID)
+    kept = entry.reuse(check)
     if kept is None:
         return None
     applied, tree = kept
@@ -154,7 +150,7 @@ def _kept_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], dest: path
 def _keep_tree(cache: pathlib.Path, pin: Pin, inputs: dict[str, Any], tree: pathlib.Path, applied: list[PatchRecord]) -> None:
     """Keep the patched `tree` for these inputs (a full or read-only cache: said, and the build goes on)."""
     record = {"tree": gittree.tree_id(tree), "inputs": inputs, "applied": [dataclasses.asdict(a) for a in applied]}
-    _entry(cache, pin, inputs).store(record, lambda staged: shutil.copytree(tree, staged / "tree", symlinks=True), said=_SAID)
+    _entry(cache, pin, inputs).store(record, lambda staged: shutil.copytree(tree, staged / "tree", symlinks=True))
 
 
 def _blob_of(work: pathlib.Path, relpath: str) -> str:

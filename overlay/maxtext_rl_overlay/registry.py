@@ -109,10 +109,6 @@ def download(project: str, filename: str, dest_dir: pathlib.Path, *, kind: str, 
     return _fetch(project, filename, url, listed, dest_dir, kind)
 
 
-#: How the output names a kept release record.
-_SAID = buildcache.Said("release record", "asking the index again")
-
-
 def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib.Path:
     """`project`'s pure-Python wheel of `version` in `dest_dir`: one read of
     the index's file list the first time; afterwards, while the cached file
@@ -128,7 +124,7 @@ def release_wheel(project: str, version: str, dest_dir: pathlib.Path) -> pathlib
         return wheel
 
     with entry.locked():
-        kept = entry.reuse(check, _SAID)  # none, or a damaged one (said): ask the index
+        kept = entry.reuse(check)  # none, or a damaged one (said): ask the index
     if kept is not None:
         return kept
     listing = files(project)

@@ -18,6 +18,7 @@ import re
 from typing import Any, Literal, NotRequired, TypedDict, cast, get_args, overload
 
 from .errors import OverlayError
+from .jsonread import json_object
 from .staging import FileOwner
 
 Kind = Literal["verify", "smoke", "test-matrix", "tpu-cell"]
@@ -183,12 +184,7 @@ def load_report(source: pathlib.Path | str, kind: Kind) -> Document:
             raise OverlayError(f"{where}: cannot read the {kind} report ({exc.strerror}).") from None
     else:
         where, text = f"the {kind} report", source
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise OverlayError(f"{where} is not JSON ({exc}): not a {kind} report the tool wrote.") from None
-    if not isinstance(doc, dict):
-        raise OverlayError(f"{where} is not a JSON object: not a {kind} report the tool wrote.")
+    doc = json_object(text, where, f": not a {kind} report the tool wrote.")
     found_kind, version = doc.get("kind"), doc.get("report_version")
     if found_kind != kind:
         said = f"a {found_kind} report" if isinstance(found_kind, str) else "not a versioned report (no \"kind\")"

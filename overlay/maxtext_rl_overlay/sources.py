@@ -85,13 +85,9 @@ def _resolve_git_dir(path: pathlib.Path) -> pathlib.Path:
 TREE = "tree"
 
 
-#: How the output names a kept source tree.
-_SAID = buildcache.Said("source tree", "making it again")
-
-
 def _entry(cache: pathlib.Path, pin: Pin, tree: str) -> buildcache.Entry:
     """A source's cache entry, `sources/<dist>-<tree id>`: found by the tree id of what it was made from."""
-    return buildcache.Entry(cache / "sources" / f"{pin.distribution}-{tree}", tree, who=pin.distribution, kind="sources")
+    return buildcache.KINDS["sources"].entry(cache, f"{pin.distribution}-{tree}", tree, who=pin.distribution)
 
 
 def _record(tree: pathlib.Path, **record: object) -> dict[str, object]:
@@ -111,7 +107,7 @@ def _reusable(entry: buildcache.Entry) -> bool:
             raise buildcache.Damaged
         return True
 
-    return entry.reuse(check, _SAID) is not None
+    return entry.reuse(check) is not None
 
 
 def _from_git(pin: Pin, path: pathlib.Path, cache: pathlib.Path, *, origin: str) -> Source:

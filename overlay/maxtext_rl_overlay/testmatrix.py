@@ -20,13 +20,15 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import indexpages, options, output, proc, reports, staging, tables
+from . import indexpages, options, output, proc, reports, tables
+from .cachekeys import python_version
 from .constraintsfile import recorded_cutoff
-from .errors import ExitCode, OverlayError
+from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
 from .options import refuse_unknown
 from .output import step
 from .pins import load_project
+from .verdict import Command, Said, write_report
 
 #: Where the suite runs: "cpu" simulates the 8 chips of a TPU v6e-8, "tpu" is one.
 Platform = Literal["cpu", "tpu"]
@@ -271,8 +273,8 @@ def _python(version: str) -> str:
     candidates = [options.settings().python, shutil.which(f"python{version}")]
     candidates += [str(p) for p in sorted(pyenv_root.glob(f"versions/{version}*/bin/python3"), reverse=True)]
     for candidate in filter(None, candidates):
-        probe = proc.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], check=False, what=f"probing {candidate}")
-        if probe.returncode == 0 and probe.stdout.strip() == version:
+        said = python_version(candidate, what=f"probing {candidate}", check=False)
+        if said is not None and ".".join(said.split()[0].split(".")[:2]) == version:
             return candidate
     raise OverlayError(f"no Python {version} found: install one (pyenv install {version}) or set MRL_PYTHON.")
 
@@ -395,15 +397,14 @@ class MatrixOptions:
 
 
 def command(opts: MatrixOptions) -> int:
-    """`test-matrix`: every cell run, the table printed, the report written
-    (opts.json: until the end it says the matrix did not finish)."""
-    if opts.json:
-        write_json(opts.json, None, opts)  # before any work: FILE must be writable and absent, empty or the matrix's own
-    results = run(opts.project_root, opts.wheels, opts.work, platform=opts.platform, quick=opts.quick, keep=opts.keep)
-    print(render(results))
-    if opts.json:
-        write_json(opts.json, results, opts)
-    return ExitCode.OK if results and all(r.ok for r in results) else ExitCode.CHECK_FAILED
+    """`test-matrix`: every cell run, the table printed (its answer: no
+    verdict line), the report written (opts.json: until the end it says the
+    matrix did not finish); the exit status."""
+    def run_cells() -> list[CellResult]:
+        return run(opts.project_root, opts.wheels, opts.work, platform=opts.platform, quick=opts.quick, keep=opts.keep)
+
+    return Command("test-matrix", opts.json, run_cells, render, lambda results: Said(bool(results) and all(r.ok for r in results), None),
+                   lambda results: json_document(results, opts))()
 
 
 def json_document(results: list[CellResult] | None, opts: MatrixOptions) -> reports.MatrixDocument:
@@ -416,6 +417,6 @@ def json_document(results: list[CellResult] | None, opts: MatrixOptions) -> repo
 
 
 def write_json(path: pathlib.Path, results: list[CellResult] | None, opts: MatrixOptions) -> None:
-    """test-matrix --json FILE: the one place it is written, whole or not at
-    all; an existing FILE only where it is empty or a matrix report."""
-    staging.write_atomically(path, reports.dumps(json_document(results, opts)), owner=reports.owner("test-matrix"))
+    """test-matrix --json FILE (verdict.write_report: whole or not at all; an
+    existing FILE only where it is empty or a matrix report)."""
+    write_report("test-matrix", path, json_document(results, opts))

@@ -34,10 +34,11 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest, output, probes, proc, reports, staging, tables
+from . import manifest, probes, proc, reports, tables
 from .digest import sha256_file
 from .errors import OverlayError, TimedOut
 from .manifest import Manifest
+from .verdict import Command, Said, write_report
 
 #: How long the import check may take (tpu_inference alone imports vLLM,
 #: torch and transformers: 25-35 s on a small machine).
@@ -76,6 +77,20 @@ class Problem(enum.StrEnum):
     DEVIATION = "host deviation"  # accepted as a named host deviation (--host-deviations)
 
 
+#: The check column of a check with a subject (Finding.what); the others say the check's name.
+_WHAT: dict[Check, str] = {Check.FILE: "{subject}", Check.RESOLVES_TO: "import {subject} resolves to", Check.IMPORT: "import {subject}",
+                           Check.LEFTOVER: "leftover {subject}"}
+
+#: What to do about a problem, where that is the same whatever was found: a
+#: finding's `remedy`, and what `explain` says again in its sentences.
+REMEDY: dict[Problem, str] = {
+    Problem.OTHER_OVERLAY_BUILD: "install with the constraints file this release came with",
+    Problem.STAND_IN: "install a release built from the pinned sources (build without --unpinned)",
+    Problem.NOT_BUILT: "install a release built with every distribution (scripts/build-wheels.sh without --only)",
+    Problem.SHADOWED: "remove the older copy that comes first on the path, or its entry (PYTHONPATH, the current directory, a .pth line)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """One check of one distribution, as data: what was checked (`check`,
@@ -96,16 +111,7 @@ class Finding:
     @property
     def what(self) -> str:
         """The check column: "version", the file's path, "import MODULE", ..."""
-        match self.check:
-            case Check.FILE:
-                return self.subject
-            case Check.RESOLVES_TO:
-                return f"import {self.subject} resolves to"
-            case Check.IMPORT:
-                return f"import {self.subject}"
-            case Check.LEFTOVER:
-                return f"leftover {self.subject}"
-        return self.check.value
+        return _WHAT[self.check].format(subject=self.subject) if self.check in _WHAT else self.check.value
 
     @property
     def shown(self) -> str:
@@ -161,14 +167,14 @@ def _version_finding(name: str, want: str, dist: md.Distribution, doc: Manifest)
     found = dist.version
     if found == want:
         return Finding(name, Check.VERSION, want, found, True)
-    restore = f"restore the overlay: {restore_command(doc)}"
+    restore = _restore(doc)
     try:
         ours, theirs = Version(want), Version(found)
     except InvalidVersion:
         return Finding(name, Check.VERSION, want, found, False, remedy=restore)
     if theirs.local and theirs.local.startswith("mrl."):
         return Finding(name, Check.VERSION, want, found, False, problem=Problem.OTHER_OVERLAY_BUILD,
-                       remedy="install with the constraints file this release came with")
+                       remedy=REMEDY[Problem.OTHER_OVERLAY_BUILD])
     origin = _origin(dist)
     how = f" from {origin}" if origin else ""
     same = "the same upstream" if theirs.public == ours.public or origin else "an upstream"
@@ -189,14 +195,14 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
             findings.append(Finding(name, Check.VERSION, want.version, NOT_INSTALLED, False, remedy=f"install the overlay: {restore_command(doc)}"))
             continue
         if canonicalize_name(dist.metadata["Name"]) != canonicalize_name(name):
-            findings.append(Finding(name, Check.NAME, name, dist.metadata["Name"], False, remedy=f"restore the overlay: {restore_command(doc)}"))
+            findings.append(Finding(name, Check.NAME, name, dist.metadata["Name"], False, remedy=_restore(doc)))
         findings.append(_version_finding(name, want.version, dist, doc))
         pin = f"pin {want.pin.commit[:12]}"
         if want.from_pin:
             findings.append(Finding(name, Check.SOURCE, pin, pin, True))
         else:
             findings.append(Finding(name, Check.SOURCE, pin, want.source.tree[:12], not require_pinned, problem=Problem.STAND_IN,
-                                    remedy="install a release built from the pinned sources (build without --unpinned)"))
+                                    remedy=REMEDY[Problem.STAND_IN]))
         for relpath, sha in sorted(want.files.items()):
             path = dist.locate_file(relpath)
             try:
@@ -215,11 +221,34 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
         # The release was built without it (build --only): whatever is
         # installed under that name carries none of the overlay's fixes.
         findings.append(Finding(name, Check.BUILT, "an overlay build", _version(name), False, problem=Problem.NOT_BUILT,
-                                remedy="install a release built with every distribution (scripts/build-wheels.sh without --only)"))
+                                remedy=REMEDY[Problem.NOT_BUILT]))
     findings += check_resolution(doc, python=python)
     if environment:
         findings += check_environment(doc, require_pinned=require_pinned)
     return findings
+
+
+def _vouched(doc: Manifest) -> list[tuple[str, str, str]]:
+    """Each module the overlay vouches for, distribution by distribution:
+    its import package, then each module its series patches, as (module,
+    distribution, the file it is installed as)."""
+    out: list[tuple[str, str, str]] = []
+    for name, want in sorted(doc.distributions.items()):
+        files = {want.import_package: f"{want.import_package}/__init__.py"}
+        for relpath in sorted(want.files):
+            if relpath.endswith(".py"):
+                files.setdefault(relpath[: -len(".py")].replace("/", ".").removesuffix(".__init__"), relpath)
+        out += [(module, name, relpath) for module, relpath in files.items()]
+    return out
+
+
+def _restore(doc: Manifest) -> str:
+    return f"restore the overlay: {restore_command(doc)}"
+
+
+def _sentence(remedy: str) -> str:
+    """A remedy as a sentence of `explain`."""
+    return remedy[0].upper() + remedy[1:] + "."
 
 
 def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Finding]:
@@ -227,13 +256,7 @@ def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Fin
     the file its distribution installed, and is there no leftover .pth or
     egg-link of another install of one of its distributions? Asked of
     `python` in a fresh process, in this process's environment."""
-    modules: list[list[str]] = []
-    for name, want in sorted(doc.distributions.items()):
-        files = {want.import_package: f"{want.import_package}/__init__.py"}
-        for relpath in sorted(want.files):
-            if relpath.endswith(".py"):
-                files.setdefault(relpath[: -len(".py")].replace("/", ".").removesuffix(".__init__"), relpath)
-        modules += [[module, name, want.version, relpath] for module, relpath in files.items()]
+    modules = [[module, name, doc.distributions[name].version, relpath] for module, name, relpath in _vouched(doc)]
     asked = {
         "modules": modules,
         "versions": {name: d.version for name, d in doc.distributions.items()},
@@ -261,8 +284,7 @@ def check_resolution(doc: Manifest, *, python: str = sys.executable) -> list[Fin
             findings.append(Finding(by_module[module], Check.RESOLVES_TO, installed, resolved, True, subject=module))
         else:
             findings.append(Finding(by_module[module], Check.RESOLVES_TO, installed, resolved, False, subject=module, problem=Problem.SHADOWED,
-                                    remedy="remove the older copy that comes first on the path, or its entry (PYTHONPATH, the "
-                                           "current directory, a .pth line)"))
+                                    remedy=REMEDY[Problem.SHADOWED]))
     for dist, path, what in found["leftovers"]:
         findings.append(Finding(dist, Check.LEFTOVER, "no .pth / egg-link of another install", what, False, subject=path,
                                 problem=Problem.LEFTOVER, remedy=f"delete {path}"))
@@ -293,7 +315,7 @@ def check_environment(doc: Manifest, *, require_pinned: bool = False) -> list[Fi
         # find MaxTextForCausalLM through it), built from the same release.
         found = _version(adapter.name)
         ok = found == adapter.version
-        findings.append(Finding(adapter.name, Check.VERSION, adapter.version, found, ok, remedy="" if ok else f"restore the overlay: {restore_command(doc)}"))
+        findings.append(Finding(adapter.name, Check.VERSION, adapter.version, found, ok, remedy="" if ok else _restore(doc)))
     return findings
 
 
@@ -312,11 +334,11 @@ def import_modules(doc: Manifest) -> dict[str, str]:
     """What the overlay vouches for, module -> distribution: every
     distribution's import package, and each module its series patches."""
     modules: dict[str, str] = {}
-    for name, want in sorted(doc.distributions.items()):
-        modules[want.import_package] = name
-        for relpath in sorted(want.files):
-            if relpath.endswith(".py"):
-                modules.setdefault(relpath[: -len(".py")].replace("/", ".").removesuffix(".__init__"), name)
+    for module, name, _ in _vouched(doc):
+        if module == doc.distributions[name].import_package:
+            modules[module] = name
+        else:
+            modules.setdefault(module, name)
     adapter = doc.environment.maxtext_vllm_adapter
     if adapter and _maxtext_installed():
         modules["maxtext_vllm_adapter"] = adapter.name
@@ -387,8 +409,7 @@ def explain(findings: list[Finding], doc: Manifest) -> list[str]:
     if left_out:
         lines.append(
             f"This release was built without {', '.join(left_out)} (build --only): it is not the whole stack, and an install "
-            "from it cannot have the overlay's fixes there. Install a release built with every distribution "
-            "(scripts/build-wheels.sh without --only)."
+            f"from it cannot have the overlay's fixes there. {_sentence(REMEDY[Problem.NOT_BUILT])}"
         )
     shadowed = [f for f in findings if f.problem is Problem.SHADOWED]
     if shadowed:
@@ -503,10 +524,7 @@ class Verdict:
 
 
 def verify(opts: VerifyOptions) -> Verdict:
-    """The installed stack checked as `opts` asks; with opts.json, the
-    report written (also on a NO; until the end it says verify did not finish)."""
-    if opts.json:
-        write_json(opts.json, None)  # before any work: FILE must be writable and absent, empty or verify's own
+    """The installed stack checked as `opts` asks."""
     doc = manifest.load_installed()
     findings = check(doc, require_pinned=opts.require_pinned, environment=not opts.files_only)
     if opts.imports and not opts.files_only:
@@ -514,11 +532,16 @@ def verify(opts: VerifyOptions) -> Verdict:
     deviations = host_deviations(opts.host_deviations) if opts.host_deviations else []
     findings = accept_deviations(findings, deviations)
     bad = [f for f in findings if not f.ok]
-    verdict = Verdict(findings, deviations, explain(findings, doc) if bad else [], verdict_line(findings, deviations, opts), opts,
-                      doc.environment.resolution_cutoff)
-    if opts.json:
-        write_json(opts.json, verdict)
-    return verdict
+    return Verdict(findings, deviations, explain(findings, doc) if bad else [], verdict_line(findings, deviations, opts), opts,
+                   doc.environment.resolution_cutoff)
+
+
+def command(opts: VerifyOptions) -> int:
+    """`verify`: the table on stdout; the verdict on stdout (yes) or stderr
+    (NO, with what to do); with opts.json, the report written (also on a NO;
+    until the end it says verify did not finish); the exit status."""
+    return Command("verify", opts.json, lambda: verify(opts), lambda verdict: render(verdict.findings),
+                   lambda verdict: Said(verdict.ok, verdict.line, tuple(verdict.explanation)), json_document)()
 
 
 def verdict_line(findings: list[Finding], deviations: list[str], opts: VerifyOptions) -> str:
@@ -533,17 +556,6 @@ def verdict_line(findings: list[Finding], deviations: list[str], opts: VerifyOpt
         what += "; the closure (torch) and the imports NOT checked (--files-only)"
     what += "." if not opts.imports or opts.files_only else "; the stack imports."
     return f"verify: yes, {on_host}. Otherwise: {what}" if on_host else f"verify: yes - {what}"
-
-
-def print_verdict(verdict: Verdict) -> None:
-    """The table on stdout; the verdict on stdout (yes) or stderr (NO, with what to do)."""
-    print(render(verdict.findings))
-    if verdict.ok:
-        print(f"\n{verdict.line}")
-        return
-    output.verdict(f"\n{verdict.line}")
-    for line in verdict.explanation:
-        output.verdict(f"  {line}")
 
 
 def json_document(verdict: Verdict | None) -> reports.VerifyDocument:
@@ -564,6 +576,6 @@ def json_document(verdict: Verdict | None) -> reports.VerifyDocument:
 
 
 def write_json(path: pathlib.Path, verdict: Verdict | None) -> None:
-    """verify --json FILE: the one place it is written, whole or not at all;
-    an existing FILE only where it is empty or a verify report."""
-    staging.write_atomically(path, reports.dumps(json_document(verdict)), owner=reports.owner("verify"))
+    """verify --json FILE (verdict.write_report: whole or not at all; an
+    existing FILE only where it is empty or a verify report)."""
+    write_report("verify", path, json_document(verdict))

@@ -187,13 +187,9 @@ def wheel_inputs(tree: pathlib.Path, env: dict[str, str], epoch: str, python: st
     }
 
 
-#: How the output names a kept wheel.
-_SAID = buildcache.Said("wheel", "building afresh")
-
-
 def _entry(cache: pathlib.Path, inputs: dict[str, Any], who: str) -> buildcache.Entry:
     key = cachekeys.key(inputs)
-    return buildcache.Entry(cache / "wheels" / key, key, who=who, kind="wheels")
+    return buildcache.KINDS["wheels"].entry(cache, key, key, who=who)
 
 
 def kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Path, who: str) -> pathlib.Path | None:
@@ -207,7 +203,7 @@ def kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Pat
             raise buildcache.Damaged
         return wheel
 
-    wheel = entry.reuse(check, _SAID)
+    wheel = entry.reuse(check)
     if wheel is None:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -220,4 +216,4 @@ def kept_wheel(cache: pathlib.Path, inputs: dict[str, Any], out_dir: pathlib.Pat
 def keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path, who: str) -> None:
     """Keep `wheel` for these inputs (a full or read-only cache: said, and the build goes on)."""
     _entry(cache, inputs, who).store({"wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs},
-                                     lambda staged: shutil.copyfile(wheel, staged / wheel.name), said=_SAID)
+                                     lambda staged: shutil.copyfile(wheel, staged / wheel.name))

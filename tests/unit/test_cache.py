@@ -176,11 +176,12 @@ def test_a_build_refuses_a_cache_folder_it_did_not_make(tmp_path):
 
 def test_every_kind_of_entry_the_code_keeps_is_one_clean_knows():
     """KINDS is what clean removes: a folder some code keeps in the cache
-    (`cache / "name"`) that it does not list would outlive every clean, and
-    one it lists that nothing keeps is a stale entry."""
-    pattern = re.compile(r'cache(?:_root\(\)|_dir)?\)? / "([^"]+)"')
+    (`cache / "name"`, or the kind asked for its entry: `KINDS["name"]`) that
+    it does not list would outlive every clean, and one it lists that nothing
+    keeps is a stale entry."""
+    pattern = re.compile(r'cache(?:_root\(\)|_dir)?\)? / "([^"]+)"|KINDS\["([^"]+)"\]')
     files = [*(ROOT / "overlay").rglob("*.py"), ROOT / "tests" / "standins.py", *(ROOT / "tests" / "support").glob("*.py")]
-    kept = {name: path.relative_to(ROOT).as_posix() for path in files for name in pattern.findall(path.read_text())}
+    kept = {m.group(1) or m.group(2): path.relative_to(ROOT).as_posix() for path in files for m in pattern.finditer(path.read_text())}
     assert set(kept) == set(buildcache.KINDS), kept
 
 
@@ -311,9 +312,9 @@ def test_every_kind_is_an_entry_and_only_a_kind_with_records_keeps_them(tmp_path
     with mirror.locked():
         assert mirror.lock_path.exists()
     with pytest.raises(ValueError, match="records"):
-        mirror.reuse(lambda record: record, said)
+        mirror.reuse(lambda record: record)
     with pytest.raises(ValueError, match="records"):
-        mirror.store({}, said=said)
+        mirror.store({})
     with pytest.raises(ValueError, match="not a kind"):
         buildcache.Entry(tmp_path / "other" / "x", "x", who="x", kind="other")
     assert said.damaged("k" * 64) == "ignoring a damaged kept thing kkkkkkkkkkkk: making it again"

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import testmatrix
+from maxtext_rl_overlay import lint, testmatrix
 from maxtext_rl_overlay.errors import ExitCode
 from maxtext_rl_overlay.pins import load_project
 from maxtext_rl_overlay.reports import load_report
@@ -317,7 +317,7 @@ def test_an_unexpected_error_is_a_bug_to_report_with_its_traceback_under_v(monke
     def broken(args):
         raise RuntimeError("an invariant broke\nsecond line")
 
-    monkeypatch.setattr(cli, "_cmd_lint", broken)
+    monkeypatch.setattr(lint, "command", broken)
     assert cli.main(["lint", "--project", str(ROOT)]) == ExitCode.INTERNAL
     err = capsys.readouterr().err
     assert "Traceback" not in err

@@ -141,7 +141,7 @@ def test_no_space_anywhere_else_is_status_3_too(monkeypatch, capsys):
     user's to fix, said in one line, the path named."""
     def full(args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/some/where/file")
-    monkeypatch.setattr(cli, "_cmd_clean", full)  # the parser is made in main: it takes this one
+    monkeypatch.setattr(buildcache, "command", full)  # the parser is made in main: it takes this one
     assert cli.main(["clean"]) == ExitCode.ERROR
     err = capsys.readouterr().err
     assert err == "maxtext-rl-overlay: error: no space left on device: cannot write /some/where/file. Free space on its filesystem, or name another place.\n"

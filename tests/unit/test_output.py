@@ -83,3 +83,52 @@ def test_the_command_lines_errors_and_verdicts_go_through_the_channel(tmp_path, 
         output.verdict("smoke: NO - 1 check(s) failed")
     assert got.lines == ["smoke: NO - 1 check(s) failed"]
     assert capsys.readouterr().err == ""
+
+
+def test_under_github_actions_a_long_step_is_folded_and_its_end_shows(monkeypatch):
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    with output.captured() as got:
+        with output.step("vllm", "building 100%"):
+            output.note("vllm", "inside")
+        with pytest.raises(RuntimeError), output.step("build", "resolving"):
+            raise RuntimeError("no")
+    assert [line.split(": done in")[0].split(": failed after")[0] for line in got.lines] == [
+        "::group::[vllm] building 100%25",
+        "[vllm] building 100% ...",
+        "[vllm] inside",
+        "::endgroup::",
+        "[vllm] building 100%",
+        "::group::[build] resolving",
+        "[build] resolving ...",
+        "::endgroup::",
+        "[build] resolving",
+    ]
+
+
+def test_under_github_actions_a_no_is_also_an_error_annotation(monkeypatch, tmp_path, capsys):
+    from maxtext_rl_overlay import verify
+    from maxtext_rl_overlay.verdict import Command, Said
+
+    def command(ok: bool) -> int:
+        return Command("verify", None, lambda: ok, lambda ok: "the table",
+                       lambda ok: Said(ok, "verify: yes - fine" if ok else "verify: NO - 1 check(s) failed.", ("do this",)),
+                       lambda outcome: verify.json_document(None))()
+
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    assert command(False) == 1
+    out, err = capsys.readouterr()
+    assert out == "the table\n"
+    assert err == "\nverify: NO - 1 check(s) failed.\n  do this\n::error::verify: NO - 1 check(s) failed.\n"
+    assert command(True) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == ("the table\n\nverify: yes - fine\n", "")
+    monkeypatch.setenv("GITHUB_ACTIONS", "false")
+    assert command(False) == 1
+    assert capsys.readouterr().err == "\nverify: NO - 1 check(s) failed.\n  do this\n"
+
+
+def test_an_annotation_is_one_line(monkeypatch):
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    with output.captured() as got:
+        output.annotate_error("smoke: NO - a\nb\r 100%")
+    assert got.lines == ["::error::smoke: NO - a%0Ab%0D 100%25"]

@@ -1,5 +1,6 @@
 """The child programs the tool runs in another interpreter: the one of the
-environment checked (verify, smoke), or the TPU cell host's python3.
+environment checked (verify, smoke), the TPU cell host's python3, a build
+venv's (its torch), or any interpreter the tool asks its version.
 
 Each is a module of its own, standard library only, so that it runs before
 the stack is known to import, and in an environment that may not hold this

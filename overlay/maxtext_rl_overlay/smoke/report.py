@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from .. import output, reports, staging, tables
-from ..errors import ExitCode
+from .. import reports, tables
+from ..errors import OverlayError
+from ..verdict import Command, Said, write_report
 from . import checks
 from .cpu_simulation import NOTICE
 from .engine import HOST_STAND_IN
@@ -77,10 +78,9 @@ def json_document(outcome: Outcome, *, cpu_simulation: bool) -> reports.SmokeDoc
 
 
 def write_json(path: pathlib.Path, outcome: Outcome, *, cpu_simulation: bool) -> None:
-    """smoke --json FILE: the one place it is written, whole or not at all;
-    an existing FILE only where it is empty or smoke's own (a typo must not
-    cost a file)."""
-    staging.write_atomically(path, reports.dumps(json_document(outcome, cpu_simulation=cpu_simulation)), owner=reports.owner("smoke"))
+    """smoke --json FILE (verdict.write_report: whole or not at all; an
+    existing FILE only where it is empty or smoke's own)."""
+    write_report("smoke", path, json_document(outcome, cpu_simulation=cpu_simulation))
 
 
 def verdict(report: SmokeReport) -> str:
@@ -92,33 +92,18 @@ def verdict(report: SmokeReport) -> str:
     return f"smoke: yes{where} - every check passed{skipped}."
 
 
+def _stopped(exc: OverlayError) -> str:
+    """smoke's two ways to end before a report, in its own words (the status is the error's)."""
+    if isinstance(exc, CannotRun):
+        return f"smoke: cannot run here: {exc}"
+    return f"smoke: NO - the installed stack is broken: {exc}"
+
+
 def command(opts: SmokeOptions) -> int:
     """`smoke`: run it, print the table and the verdict, write the report
-    (opts.json); the exit status."""
-    def write(outcome: Outcome) -> None:
-        if opts.json:
-            write_json(opts.json, outcome, cpu_simulation=opts.cpu_simulation)
-
-    # Before any work: FILE must be writable and absent, empty or smoke's own
-    # (else an OverlayError naming it: status 3); until the end it says that
-    # smoke did not finish, never what an earlier run found.
-    write(None)
-    # Its two ways to end before a report are smoke's own to say, in FILE too;
-    # the status is the error's.
-    try:
-        report = smoke(opts)
-    except CannotRun as exc:
-        write(exc)
-        output.verdict(f"smoke: cannot run here: {exc}")
-        return exc.status
-    except BrokenStack as exc:
-        write(exc)
-        output.verdict(f"smoke: NO - the installed stack is broken: {exc}")
-        return exc.status
-    print(render(report))
-    write(report)
-    if report.failed:
-        output.verdict(f"\n{verdict(report)}")
-        return ExitCode.CHECK_FAILED
-    print(f"\n{verdict(report)}")
-    return ExitCode.OK
+    (opts.json: until the end it says smoke did not finish; its two ways to
+    end before a report are in it too); the exit status."""
+    return Command(
+        "smoke", opts.json, lambda: smoke(opts), render, lambda report: Said(not report.failed, verdict(report)),
+        lambda outcome: json_document(outcome, cpu_simulation=opts.cpu_simulation), stops=(CannotRun, BrokenStack), stopped=_stopped,
+    )()
