@@ -28,13 +28,12 @@ from .indexpages import STANDIN_OVERRIDES
 from .options import refuse_unknown
 from .output import step
 from .pins import load_project
+from .smoke.cpu_simulation import DEVICES as DEVICES  # the devices every mesh of the matrix spans (a v6e-8)
 from .verdict import Command, Said, write_report
 
 #: Where the suite runs: "cpu" simulates the 8 chips of a TPU v6e-8, "tpu" is one.
 Platform = Literal["cpu", "tpu"]
 PLATFORMS: tuple[Platform, ...] = get_args(Platform)
-#: The devices every mesh of the matrix spans (a v6e-8).
-DEVICES = 8
 AXIS_TYPES = ("explicit", "auto")
 
 _MATRIX_KEYS = {"cells", "meshes", "axis-types", "k", "dtypes", "quick"}

@@ -29,8 +29,7 @@ def test_the_table_names_the_stand_ins_the_tests_recorded(tmp_path):
 
 
 def test_the_matrix_spans_the_devices_the_cpu_simulation_makes():
-    """One chip count: the matrix's meshes and the CPU simulation's devices."""
-    assert testmatrix.DEVICES == cpu_simulation.DEVICES
+    """One chip count (testmatrix reads cpu_simulation's): the simulation makes that many devices."""
     env: dict[str, str] = {}
     cpu_simulation.simulate_v6e_8(env)
     assert f"--xla_force_host_platform_device_count={testmatrix.DEVICES}" in env["XLA_FLAGS"]

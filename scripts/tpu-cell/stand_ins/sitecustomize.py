@@ -178,7 +178,8 @@ def _distributed(module: Any) -> None:
             kwargs = dict(kwargs, backend="fake")
         return new_group(*args, **kwargs)
 
-    for where in (module, sys.modules.get("torch.distributed")):
+    targets: tuple[Any, ...] = (module, sys.modules.get("torch.distributed"))
+    for where in targets:
         if where is not None:
             where.init_process_group, where.new_group = init_process_group, new_group_
 
