@@ -2,7 +2,7 @@
 the pin's unpatched one, side by side in one run, on the same devices and
 the same model.
 
-    PYTHON tests/bench/bench_decode.py [--cpu-simulation] [--tokens N] [--batches 1,8,64] [--json FILE]
+    PYTHON tests/bench/bench_decode.py [--cpu-simulation] [--tokens N] [--batches 1,8,64] [--json FILE] [--forms]
 
 (scripts/bench-decode.sh [PYTHON] [OPTIONS] runs it with tests/ on PYTHONPATH.)
 PYTHON must see the installed overlay (tpu_inference, vllm, the tool's
@@ -40,6 +40,13 @@ sampler, patch 0006, does not engage): the ratio measures the series'
 overhead everywhere else. On the 8-device CPU simulation (--cpu-simulation,
 kernels interpreted: every line says so) the vocab is sharded 8 ways.
 
+--forms compares train_rl's two rollout forms on the overlay instead, on one
+model shape (smoke's tiny MaxText qwen3, written by MaxText on the host CPU):
+`vllm_native` (vLLM's own Qwen3 on its config.json, vLLM's dummy weights: the
+speed is compared, not the tokens) against `maxtext_on_vllm` (MaxText's
+model in vLLM, NEW_MODEL_DESIGN=1, its weights restored), the ratio
+vllm_native/maxtext_on_vllm per batch.
+
 Asserts nothing (exit 0 whenever both engines ran, 1 if one did not).
 """
 
@@ -63,6 +70,11 @@ import time
 from typing import Any
 
 ENGINES = ("overlay", "upstream")
+#: --forms: train_rl's two rollout forms on the overlay, on one model shape
+#: (smoke's tiny MaxText qwen3; needs maxtext): vLLM's own Qwen3 (its weights
+#: vLLM's dummy ones: only the speed is compared) and MaxText's model in vLLM.
+FORMS = ("vllm_native", "maxtext_on_vllm")
+FORMS_MODEL = "smoke's MaxText qwen3"
 #: The Llamas (transformers' LlamaConfig arguments beyond tiny_llama.CONFIG's).
 MODELS: dict[str, dict[str, Any]] = {
     "smoke": {},  # smoke's tiny Llama (2 layers, hidden 128, vocab 1024)
@@ -94,8 +106,12 @@ def child(request_path: pathlib.Path, result_path: pathlib.Path) -> int:
     from maxtext_rl_overlay.smoke.engine import Engine
 
     req = json.loads(request_path.read_text())
-    configuration = dataclasses.replace(configurations.LLAMA, name=f"bench-decode-{req['engine']}", sync=None,
-                                        llm_args=req["llm_args"])
+    base, llm_args = configurations.LLAMA, req["llm_args"]
+    if req["engine"] == "maxtext_on_vllm":
+        base = configurations.MAXTEXT
+    elif req["engine"] == "vllm_native":  # the checkpoint is MaxText's: vLLM's own model on its config, weights made up
+        llm_args = llm_args | {"load_format": "dummy"}
+    configuration = dataclasses.replace(base, name=f"bench-decode-{req['engine']}", sync=None, llm_args=llm_args)
     engine = Engine(configuration, pathlib.Path(req["checkpoint"]), req["cpu_simulation"], result_path)
     engine.prepare()
     engine.load()
@@ -174,6 +190,19 @@ def write_checkpoint(path: pathlib.Path, model: str) -> dict[str, Any]:
     return config
 
 
+def write_maxtext_checkpoint(path: pathlib.Path, python: str, say: Any) -> tuple[pathlib.Path, dict[str, Any]]:
+    """smoke's tiny MaxText qwen3 and its vLLM config.json, written by MaxText
+    in a process of its own on the host CPU (smoke's maxtext_model.py; this
+    process keeps off the chips)."""
+    say(f"forms: writing smoke's MaxText qwen3 on the host CPU ({path})")
+    done = subprocess.run([python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(path), "0"], capture_output=True, text=True,
+                          timeout=900, check=False)
+    if done.returncode != 0 or not (path / "config.json").is_file():
+        raise SystemExit(f"bench-decode: writing MaxText's checkpoint failed: {done.stderr.strip()[-1000:]}")
+    config: dict[str, Any] = json.loads((path / "config.json").read_text())
+    return path, config
+
+
 def prompts(count: int, vocab: int) -> list[list[int]]:
     rng = random.Random(0)
     return [[1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(*PROMPT_LENGTHS) - 1)] for _ in range(count)]
@@ -225,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens decoded a request (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="timed generates per batch and length (default 3)")
     parser.add_argument("--engines", default=",".join(ENGINES), help="which engines, in order (default overlay,upstream)")
+    parser.add_argument("--forms", action="store_true",
+                        help=f"compare train_rl's rollout forms on the overlay instead ({', '.join(FORMS)}: smoke's tiny MaxText "
+                             "qwen3, written by MaxText on the host CPU; needs maxtext)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="one engine process's bound, seconds")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here")
     parser.add_argument("--keep", type=pathlib.Path, help="work in this folder and keep it (logs, the upstream copy)")
@@ -236,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(pathlib.Path(args.child[0]), pathlib.Path(args.child[1]))
     batches = [int(b) for b in args.batches.split(",")]
-    engines = args.engines.split(",")
+    engines = list(FORMS) if args.forms else args.engines.split(",")
+    pair = FORMS if args.forms else ENGINES
     if not 2 <= args.tokens <= MAX_MODEL_LEN - PROMPT_LENGTHS[1]:
         parser.error(f"--tokens must be within 2..{MAX_MODEL_LEN - PROMPT_LENGTHS[1]}")
     from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
@@ -250,12 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     say(f"bench-decode: jax {jax_version}, platform: "
         + ("CPU simulation of a TPU v6e-8 (8 CPU devices, Pallas kernels interpreted)" if args.cpu_simulation
            else "this machine's devices (each engine process says which below)")
-        + f"; model {args.model}, batches {batches}, {args.tokens} tokens, greedy, {args.repeats} repeats")
-    keep = MESH_BACKPORT if jax_makes_explicit_meshes(args.python) else None
+        + f"; model {FORMS_MODEL if args.forms else args.model}, batches {batches}, {args.tokens} tokens, greedy, {args.repeats} repeats")
+    keep = MESH_BACKPORT if "upstream" in engines and jax_makes_explicit_meshes(args.python) else None
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp:
         work = args.keep or pathlib.Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        config = write_checkpoint(work / "llama", args.model)
+        if args.forms:
+            checkpoint, config = write_maxtext_checkpoint(work / "maxtext", args.python, say)
+        else:
+            checkpoint, config = work / "llama", write_checkpoint(work / "llama", args.model)
         shadow = None
         reversed_: list[str] = []
         if "upstream" in engines and args.upstream is not None:
@@ -278,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "cannot start on it)" if keep else ""))
         most = max(batches)
         request = {
-            "checkpoint": str(work / "llama"), "cpu_simulation": args.cpu_simulation, "batches": batches,
+            "checkpoint": str(checkpoint), "cpu_simulation": args.cpu_simulation, "batches": batches,
             "tokens": args.tokens, "repeats": args.repeats, "prompts": prompts(most, config["vocab_size"]),
             "llm_args": {"max_num_seqs": most, "max_num_batched_tokens": max(128, most), "max_model_len": MAX_MODEL_LEN,
                          "num_gpu_blocks_override": most * math.ceil(MAX_MODEL_LEN / 16) + 16},
@@ -293,9 +329,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"engine start {r['engine_start_s']} s, process {r['process_s']} s; tpu_inference {r['tpu_inference']}")
     ok = [n for n in engines if "error" not in results[n]]
     doc: dict[str, Any] = {"written_by": "bench-decode", "cpu_simulation": args.cpu_simulation, "notice": NOTICE if args.cpu_simulation else None,
-                           "jax": jax_version, "model": args.model, "config": config, "tokens": args.tokens, "repeats": args.repeats,
+                           "jax": jax_version, "model": FORMS_MODEL if args.forms else args.model, "config": config,
+                           "tokens": args.tokens, "repeats": args.repeats,
                            "upstream_reversed": reversed_, "upstream_kept": keep, "engines": results, "rows": []}
-    if ok:
+    if ok and args.forms:
+        say("the forms' weights differ by design (vllm_native's are vLLM's dummy ones): their tokens are not compared, "
+            "their meshes are above")
+    elif ok:
         mesh = results[ok[0]].get("mesh", {})
         vocab_shards = mesh.get("model", 1)
         say(f"the runner's mesh {mesh}: " + (
@@ -304,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             "the vocab is not sharded (one chip): both engines run sampling.py's full-vocabulary path; "
             "the ratio measures the series' overhead elsewhere"))
     say(f"{'batch':>5} {'tokens':>6} " + " ".join(f"{n + ' tok/s':>15}" for n in engines)
-        + (f" {'overlay/upstream':>16} {'tokens equal':>12} {'max |dlogprob|':>14}" if len(ok) == 2 else ""))
+        + (f" {pair[0] + '/' + pair[1]:>16} {'tokens equal':>12} {'max |dlogprob|':>14}" if len(ok) == 2 else ""))
     ratios = {}
     for b in batches:
         row: dict[str, Any] = {"batch": b}
@@ -314,15 +354,16 @@ def main(argv: list[str] | None = None) -> int:
             row[n] = got and got["tokens_per_s"]
             cells.append(f"{got['tokens_per_s']:>15.1f}" if got else f"{'-':>15}")
         line = f"{b:>5} {args.tokens:>6} " + " ".join(cells)
-        if len(ok) == 2 and all(results[n].get("batches", {}).get(str(b)) for n in ENGINES):
-            o, u = (results[n]["batches"][str(b)] for n in ENGINES)
+        if len(ok) == 2 and all(results[n].get("batches", {}).get(str(b)) for n in pair):
+            o, u = (results[n]["batches"][str(b)] for n in pair)
             equal = o["tokens"] == u["tokens"]
             dlp = max((abs(x - y) for ro, ru in zip(o["logprobs"], u["logprobs"], strict=True)
                        for x, y in zip(ro, ru, strict=False)), default=0.0)
             row |= {"ratio": o["tokens_per_s"] / u["tokens_per_s"], "tokens_equal": equal, "max_logprob_diff": dlp,
                     "repeats_equal": o["repeats_equal"] and u["repeats_equal"]}
             ratios[b] = (row["ratio"], equal)
-            line += f" {row['ratio']:>16.3f} {'yes' if equal else 'NO':>12} {dlp:>14.2e}"
+            line += (f" {row['ratio']:>16.3f} {'-':>12} {'-':>14}" if args.forms else
+                     f" {row['ratio']:>16.3f} {'yes' if equal else 'NO':>12} {dlp:>14.2e}")
             if not row["repeats_equal"]:
                 line += " (an engine's repeats differ)"
         doc["rows"].append(row)
@@ -331,9 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
     if len(ok) == 2 and ratios:
         unequal = [b for b, (_, eq) in ratios.items() if not eq]
-        say("overlay/upstream decode tokens/s, measured in this run: "
+        say(f"{pair[0]}/{pair[1]} decode tokens/s, measured in this run: "
             + " ".join(f"B={b}: {r:.3f}" for b, (r, _) in ratios.items())
-            + ("; tokens equal at every batch" if not unequal else f"; tokens NOT equal at B={','.join(map(str, unequal))}: NO"))
+            + ("" if args.forms else  # the forms' weights differ by design: their tokens are not compared
+               "; tokens equal at every batch" if not unequal else f"; tokens NOT equal at B={','.join(map(str, unequal))}: NO"))
     return 0 if len(ok) == len(engines) else 1
 
 

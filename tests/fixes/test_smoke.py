@@ -44,7 +44,7 @@ CONFIGURATIONS = {"llama-device-indexes": CHECKS, **({"maxtext-new-model-design"
 SKIPPED = {} if maxtext_models.AVAILABLE else {"maxtext-new-model-design": "maxtext not installed"}
 #: The code each configuration's sync runs: train_rl's rollout's, by configuration.
 SYNC_PATHS = {"llama-device-indexes": "Tunix's VllmSampler.update_params: transfer_state_with_mappings",
-              "maxtext-new-model-design": "MaxText's MaxTextVllmSampler.update_params: transfer_state_directly"}
+              "maxtext-new-model-design": "MaxText's MaxTextVllmSampler.load_checkpoint: transfer_state_directly"}
 ROWS = sum(len(c) for c in CONFIGURATIONS.values()) + len(SKIPPED)
 
 
@@ -75,9 +75,20 @@ def _table_rows(stdout: str) -> list[str]:
     return [line for line in lines[start + 1 :] if line.strip() and not line.startswith(NOTICE)][:ROWS]
 
 
+def _unstack_calls(sync_path: str) -> dict[str, int]:
+    """How often each of Tunix's unstacking functions ran in MaxText's sync, as its sync_path says."""
+    return {name: int(count) for name, count in re.findall(r"(_\w+) (\d+) times", sync_path)}
+
+
 @cell
-def test_smoke_passes_every_check_on_the_installed_stack(smoke):
+def test_smoke_passes_every_check_on_the_installed_stack(smoke, record_property):
     proc, doc = smoke
+    for config in (doc or {}).get("configurations", []):
+        # Each configuration's deviations, healthy (docs/install.md's margins beside the breaks'): in the JUnit
+        # record a chip run brings back, as in the JSON.
+        record_property(config["name"], "; ".join(f"{c['name']}: {c.get('detail', '')}" for c in config["checks"]))
+        if config.get("sync_path"):
+            record_property(f"{config['name']} sync", config["sync_path"])
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert doc is not None and doc["ok"] and doc["failed"] == [], doc
     configs = {c["name"]: c for c in doc["configurations"]}
@@ -94,6 +105,9 @@ def test_smoke_passes_every_check_on_the_installed_stack(smoke):
     if "maxtext-new-model-design" in configs:
         mesh = configs["maxtext-new-model-design"]["mesh"]
         assert len(mesh) == 7 and mesh["model"] == CHIPS, f"NEW_MODEL_DESIGN's 7-axis mesh: {mesh}"
+        # The scanned layers went through Tunix's own unstacking (the seed's second bug's path).
+        calls = _unstack_calls(configs["maxtext-new-model-design"]["sync_path"])
+        assert calls.get("_unstack_scanned_param", 0) > 0 and "_bulk_align_and_unstack" in calls, calls
     assert doc["skipped"] == SKIPPED and doc["finished"], doc
     rows = _table_rows(proc.stdout)
     assert [re.split(r"\s{2,}", row)[5] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks] + ["-"] * len(SKIPPED), \
@@ -143,6 +157,42 @@ def test_smoke_without_a_tpu_and_without_the_flag_cannot_run():
     assert proc.stdout == ""
 
 
+#: A program that opens the chips and holds them until its stdin closes (then
+#: it exits as a program does, and libtpu lets go of its lock file).
+HOLDER = ("import sys, jax; devices = jax.devices(); "
+          "print('holding', devices[0].platform, len(devices), flush=True); sys.stdin.read()")
+
+
+@cell
+@pytest.mark.skipif(CPU, reason="needs a TPU (the TPU cell): would have started a program that opens the chips and holds "
+                    "them, run smoke beside it, and checked that it exits 3 saying the TPU is held by another process")
+def test_smoke_cannot_run_while_another_process_holds_the_chips(tmp_path):
+    """README's "a TPU another process holds": status 3 and the line that says
+    so, while another program has the chips open."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=clean)
+    try:
+        assert holder.stdout is not None and holder.stderr is not None
+        said = holder.stdout.readline().split()
+        assert said[:2] == ["holding", "tpu"], (said, holder.poll(), holder.stderr.read() if holder.poll() is not None else "")
+        out = tmp_path / "smoke.json"
+        proc = _smoke("--json", str(out))
+    finally:
+        if holder.stdin:
+            holder.stdin.close()
+        try:
+            holder.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+            holder.wait()
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-4000:]
+    assert "the TPU is held by another process" in proc.stderr, proc.stderr[-2000:]
+    if out.is_file():
+        doc = load_report(out, "smoke")
+        assert doc["ok"] is False and "held by another process" in (doc.get("cannot_run") or ""), doc
+
+
 def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
     """--timeout bounds each engine process: past it the process is stopped
     and the check names the step it was in (at 5 s: importing, or starting)."""
@@ -162,7 +212,8 @@ def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
 @pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more each): would have run "
                     "smoke on copies of the installed packages with one break each (support/fixes/breaks.py: greedy takes the "
                     "least likely token; top-p, top-k or the temperature ignored; processed logprobs of the unprocessed logits; "
-                    "the Llama's norms not synced) and checked that each exits 1 naming the check that sees it")
+                    "the Llama's norms, MaxText's norms not synced; MaxText's scanned layers unstacked in reverse) and checked "
+                    "that each exits 1 naming the check that sees it")
 @pytest.mark.parametrize("break_", list(breaks.NAMED))
 def test_smoke_names_a_broken_stack(tmp_path, break_, record_property):
     """The installed stack, broken (a copy of the installed package first on
@@ -172,6 +223,9 @@ def test_smoke_names_a_broken_stack(tmp_path, break_, record_property):
     if maxtext_shims.GLOBAL:
         pytest.skip("the maxtext-shims run's engines are the plain run's (see the smoke fixture)")
     broken = breaks.NAMED[break_]
+    if broken.configurations is not None and not set(broken.configurations) & set(CONFIGURATIONS):
+        pytest.skip(f"reaches only {', '.join(broken.configurations)}, which smoke does not run here ({SKIPPED}): would have "
+                    f"broken {broken.edit(CHIPS).file} and checked that smoke fails {' or '.join(broken.checks)} there")
     edit = broken.edit(CHIPS)
     spec = importlib.util.find_spec(edit.package)  # found, not imported: jax stays unopened here
     assert spec is not None and spec.submodule_search_locations, edit.package
@@ -194,6 +248,49 @@ def test_smoke_names_a_broken_stack(tmp_path, break_, record_property):
         assert f"{config['name']}: {failed[0]}" in proc.stderr, proc.stderr[-2000:]
         # What the break showed (the margins' table in docs/install.md): kept in the JUnit record, which a chip run brings back.
         record_property(config["name"], "; ".join(f"{c['name']}: {c.get('detail', '')}" for c in config["checks"] if not c["ok"]))
+        if broken.ran:  # the broken function ran: the check failed because the sync took its path
+            record_property(f"{config['name']} sync", config["sync_path"])
+            assert _unstack_calls(config["sync_path"]).get(broken.ran, 0) > 0, config["sync_path"]
+
+
+#: Where the pins' Tunix stops on MaxText's scanned state (the seed's second
+#: bug: a Flax NNX rng count stacked to (layers,), scan_axis 1).
+PINS_TUNIX_ERROR = "IndexError: tuple index out of range"
+
+
+@cell
+@pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more): would have run smoke "
+                    "with the pins' Tunix (the series reverse-applied) and checked that MaxText's sync stops with the seed's "
+                    "IndexError in transfer_state_directly, where the overlay's passes")
+def test_smoke_with_the_pins_tunix_stops_in_maxtexts_sync(tmp_path, record_property):
+    """The seed's second bug before and after, in the real engine: smoke's
+    MaxText sync (the scanned actor's whole state, Tunix unstacking it) with
+    the pins' Tunix stops with the report's IndexError; with the overlay's
+    (test_smoke_passes_every_check_on_the_installed_stack) every check passes."""
+    if maxtext_shims.GLOBAL:
+        pytest.skip("the maxtext-shims run's engines are the plain run's (see the smoke fixture)")
+    if "maxtext-new-model-design" not in CONFIGURATIONS:
+        pytest.skip("maxtext not installed: would have run smoke's MaxText sync on the pins' Tunix and checked its IndexError")
+    from support.fixes.unpatched import unpatched_package
+
+    spec = importlib.util.find_spec("tunix")  # found, not imported: jax stays unopened here
+    assert spec is not None and spec.submodule_search_locations, "tunix"
+    shadow = tmp_path / "shadow"
+    reversed_ = unpatched_package("google-tunix", pathlib.Path(spec.submodule_search_locations[0]), shadow)
+    assert any(name.startswith("0001-") for name in reversed_), reversed_
+    out = tmp_path / "smoke.json"
+    proc = _smoke(*_flags(out), env={"PYTHONPATH": os.pathsep.join(filter(None, [str(shadow), os.environ.get("PYTHONPATH")]))})
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
+    configs = {c["name"]: c for c in load_report(out, "smoke")["configurations"]}
+    checks = {c["name"]: c for c in configs["maxtext-new-model-design"]["checks"]}
+    assert checks["engine ran"]["ok"] and not checks["weight sync"]["ok"], checks
+    detail = checks["weight sync"]["detail"]
+    record_property("pins' Tunix", detail)
+    record_property("llama-device-indexes", "; ".join(f"{c['name']}: {'pass' if c['ok'] else 'FAIL ' + c['detail']}"
+                                                      for c in configs["llama-device-indexes"]["checks"]))
+    assert detail.startswith("stopped in weight sync: " + PINS_TUNIX_ERROR), detail
+    assert "in _bulk_align_and_unstack: + (arr.shape[scan_axis],)" in detail or "in intersect_trees" in detail, detail
+    print(f"the pins' Tunix: {detail}")
 
 
 # -- the sync check sees every parameter --------------------------------------

@@ -60,6 +60,9 @@ pytestmark = [pytest.mark.timeout(TIMEOUT + 600), pytest.mark.skipif(
 )]
 
 CONFIGS = ("vllm_native", "maxtext_on_vllm")
+#: The TPU cell runs the marked tests on its host's chips (one included): the
+#: run's own process opens them, as a user's train_rl does.
+cell = pytest.mark.tpu_cell
 SHIMS = maxtext_shims.GLOBAL  # the maxtext-shims run of the cell: MaxText's shims on
 QUICK = os.environ.get("MRL_QUICK") == "1"
 
@@ -74,6 +77,8 @@ def run_trainer(tmp_path, config: str, *flags: str) -> dict:
     out = tmp_path / "result.json"
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, MRL_PLATFORM=PLATFORM, PYTHONPATH=path)
+    if PLATFORM == "tpu":  # the run opens the chips itself (the TPU cell keeps this process's jax on the CPU)
+        env = {k: v for k, v in env.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "support.programs.train_rl_run", str(out), "--config", config, *flags],
@@ -171,9 +176,12 @@ MESH_BACKPORT = any(p.name.startswith("backport-984b29c49") for p in unpatched.s
 EMBED_GATHER = "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the gather indexing"
 
 
-def test_train_rl_on_the_overlay(overlay_run):
+@cell
+def test_train_rl_on_the_overlay(overlay_run, record_property):
     """The GRPO steps run; MaxText's test's checks and ours hold."""
     result = overlay_run
+    record_property("steps", summary(result))
+    record_property("phase_seconds", json.dumps(result.get("phase_seconds")))
     if tunix_is_the_standin():
         check_standin_stop(result)
         return
@@ -202,6 +210,8 @@ def check_trained(result):
     assert result.get("finished"), describe(result)
     if PLATFORM == "cpu":
         check_transfer_guard_stand_in(result)
+    else:  # the chips: the kernels compiled, Tunix's sync as it is, no stand-in of the run's own
+        assert result["stand_ins"] == [] and result["transfer_guards_as_on_tpu"] == [], describe(result)
     # MaxText's own test's checks.
     check_metrics(checks["metrics_after"])
     assert checks["reference_unchanged"], describe(result)
@@ -213,6 +223,19 @@ def check_trained(result):
     before, after = checks["probe_before"], checks["probe_after"]
     assert len(before) == len(after) > 0 and all(abs(v) < 1e4 for v in before + after), (before, after)
     assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-3, (before, after)
+    check_phases(result)
+
+
+def check_phases(result):
+    """Each GRPO step's seconds split into the trainer's phases: a rollout, an
+    actor update and a weight sync each, the rest (logprobs, rewards, the
+    data) what is left of the step ("other"; below 0 where the rollout ran
+    beside the update, Tunix's async rollout on meshes of their own)."""
+    phases = result.get("phase_seconds")
+    assert phases and len(phases) == result["global_steps"], describe(result)
+    for step in phases:
+        assert {"rollout", "actor_update", "weight_sync", "other"} <= set(step), phases
+        assert all(step[k] > 0 for k in ("rollout", "actor_update", "weight_sync")), phases
 
 
 def check_transfer_guard_stand_in(result):
@@ -232,6 +255,7 @@ def check_transfer_guard_stand_in(result):
     assert guards == ["transfer_guard_device_to_host", "transfer_guard_host_to_device"] * result["global_steps"], guards
 
 
+@cell
 def test_the_rollout_uses_tunix_logprobs_settings(overlay_run):
     """vLLM runs with what Tunix's rollout asks for: one logprob (the sampled
     token's), processed (after temperature and top-k/top-p)."""
@@ -252,6 +276,7 @@ def by_the_upstreams(replacement: str) -> bool:
     return any(f"/site-packages/{package}/" in where for package in ("tunix", "tpu_inference", "vllm"))
 
 
+@cell
 def test_nothing_in_the_upstreams_is_replaced(overlay_run):
     """No function of google-tunix, tpu-inference or vLLM (nor the jax.lax
     functions they call) is replaced while train_rl runs on the overlay, apart

@@ -24,8 +24,9 @@ class SecondModelSync:
     train_rl's rollout syncs with (sync.py), and that code in words."""
 
     path: str
-    #: (engine, second checkpoint, chips, the engine's additional_config)
-    run: Callable[[Any, pathlib.Path, int, dict[str, Any]], None]
+    #: (engine, second checkpoint, chips, the engine's additional_config) ->
+    #: what the run showed of the path it took, in words (None: nothing more).
+    run: Callable[[Any, pathlib.Path, int, dict[str, Any]], str | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +71,8 @@ MAXTEXT = EngineConfiguration(
     additional_config=lambda checkpoint, _chips: maxtext_model.engine_additional_config(checkpoint),
     overrides={"architectures": ["MaxTextForCausalLM"]},
     reference="MaxText's own forward",
-    sync=SecondModelSync("MaxText's MaxTextVllmSampler.update_params: transfer_state_directly from the scanned actor",
-                         sync.maxtext_actor),
+    sync=SecondModelSync("MaxText's MaxTextVllmSampler.load_checkpoint: transfer_state_directly unstacks the scanned actor's "
+                         "whole state (no pre-unroll, as Tunix's VllmRollout loads it)", sync.maxtext_actor),
 )
 #: What smoke runs, in this order.
 SMOKE = (LLAMA, MAXTEXT)

@@ -177,8 +177,8 @@ class Engine:
             raise ValueError(f"{self.configuration.name} syncs no second model")
         self.at("weight sync")
         began = time.monotonic()
-        sync.run(self.llm, checkpoint, self.result.chips, self.additional_config)
-        self.result.sync_path = sync.path
+        shown = sync.run(self.llm, checkpoint, self.result.chips, self.additional_config)
+        self.result.sync_path = sync.path + (f"; {shown}" if shown else "")
         self.result.seconds["sync"] = round(time.monotonic() - began, 2)
 
     def at_default_precision(self, generates: list[Generate]) -> None:
@@ -210,7 +210,10 @@ class Engine:
             self.result.step = DONE
             return None
         except Exception as error:  # noqa: BLE001 - reported by the parent, with the step it stopped in
-            self.result.stopped = f"{type(error).__name__}: {str(error)[:1000]}"
+            frames = traceback.extract_tb(error.__traceback__)
+            # Where it was raised: the innermost frame's file, line and statement.
+            at = f" (raised at {pathlib.Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}: {frames[-1].line})" if frames else ""
+            self.result.stopped = f"{type(error).__name__}: {str(error)[:1000]}{at}"
             traceback.print_exc()
             return error
 

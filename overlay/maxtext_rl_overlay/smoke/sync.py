@@ -7,10 +7,18 @@ the code train_rl's rollout syncs with.
   (`transfer_state_with_mappings`).
 - MaxText's model: the source is train_rl's actor, MaxText's model with
   scanned layers (`from_pretrained(..., wrap_with_tunix_adapter=True)`,
-  restored from the second checkpoint), its `nnx.Param` state synced by
-  MaxText's `MaxTextVllmSampler.update_params` (its scanned-layer unroll, then
-  Tunix's `transfer_state_directly`), as `MaxTextVllmRollout` does for
-  `maxtext_on_vllm`.
+  restored from the second checkpoint), its whole `nnx.state` (the stacked
+  Flax NNX rng counts and keys with it) loaded by MaxText's
+  `MaxTextVllmSampler` with neither converter nor pre-unroll, as Tunix's
+  `VllmRollout` loads its model at start-up: Tunix's
+  `transfer_state_directly` unstacks the scanned layers itself
+  (`_unstack_scanned_param`, `_bulk_align_and_unstack`: the seed's second
+  bug's path), and the sync says how often each ran. MaxText 0.2.4's own
+  train_rl never reaches that path: `MaxTextVllmRollout` syncs
+  `nnx.state(actor, nnx.Param)` and, for maxtext_on_vllm, its sampler unrolls
+  every `decoder.layers` leaf before Tunix sees it
+  (`unroll_qwen_scanned_weights`, whose pattern matches llama's and qwen3's
+  scanned layers too); for vllm_native a converter or Tunix's mappings sync.
 
 Both samplers are put around the engine this process already started:
 their `__init__` would start a second one. update_params then does all of
@@ -24,22 +32,27 @@ syncs with which.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import pathlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
-def tunix_llama(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> None:
+def tunix_llama(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> str | None:
     """Syncs the Llama at `checkpoint` into `llm` (vLLM's Llama) as Tunix's rollout does."""
     from tunix.generate.vllm_sampler import VllmConfig, VllmSampler
 
     source, mapping = _tunix_llama_model(checkpoint, devices)
     config = VllmConfig(mapping_config=mapping, additional_config=additional_config, tensor_parallel_size=devices)
     _around(VllmSampler, llm, config).update_params(source)
+    return None
 
 
-def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> None:
+def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> str:
     """Syncs train_rl's actor restored from `checkpoint` into `llm` (MaxText's
-    model) as MaxTextVllmRollout does for maxtext_on_vllm."""
+    model) through Tunix's scanned-layer unstacking (see STACKED_PATH), and
+    says how often each of Tunix's unstacking functions ran."""
     from flax import nnx
     from maxtext.integration.vllm.maxtext_vllm_rollout import MaxTextVllmSampler
     from tunix.generate.mappings import MappingConfig
@@ -50,11 +63,45 @@ def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_c
     actor, scan_axis = restore_actor(checkpoint)
     config = VllmConfig(mapping_config=MappingConfig(), additional_config=additional_config, tensor_parallel_size=devices)
     sampler = _around(MaxTextVllmSampler, llm, config)
-    # MaxTextVllmRollout's choices for maxtext_on_vllm: no converter, the
-    # direct sync, the scan axis of MaxText's parameters.
-    sampler._converter, sampler._direct_maxtext_sync = None, True
+    # No converter and no pre-unroll: the scanned state goes to Tunix's
+    # transfer_state_directly as it is (Tunix's VllmRollout start-up load).
+    sampler._converter, sampler._direct_maxtext_sync = None, False
     sampler._scan_axis, sampler._layer_pattern_length = scan_axis, None
-    sampler.update_params(nnx.state(actor, nnx.Param))
+    with counting_unstacks() as calls:
+        sampler.load_checkpoint(nnx.state(actor))
+    return "Tunix's unstacking ran: " + ", ".join(f"{name} {count} times" for name, count in calls.items())
+
+
+#: The two functions of Tunix's transfer_state_directly that unstack a
+#: scanned leaf into the unrolled target's layers (the seed's second bug).
+UNSTACKS = ("_unstack_scanned_param", "_bulk_align_and_unstack")
+
+
+@contextlib.contextmanager
+def counting_unstacks() -> Iterator[dict[str, int]]:
+    """Counts the calls of Tunix's unstacking functions while it is entered
+    (transfer_state_directly looks them up in its module at each call); the
+    functions themselves run unchanged."""
+    from tunix.generate import utils
+
+    calls = dict.fromkeys(UNSTACKS, 0)
+    originals = {name: getattr(utils, name) for name in UNSTACKS}
+
+    def counted(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for name, function in originals.items():
+        setattr(utils, name, counted(name, function))
+    try:
+        yield calls
+    finally:
+        for name, function in originals.items():
+            setattr(utils, name, function)
 
 
 def _around(cls: Any, llm: Any, config: Any) -> Any:

@@ -29,16 +29,18 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
-STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "upstream", "bench", "bench-decode")
+STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "train-rl", "upstream", "bench", "bench-decode", "bench-sync")
 #: Each step's own bound, seconds (--timeout overrides them all).
-TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "fixes-engines": 570, "upstream": 540, "bench": 540,
-            "bench-decode": 540}
+TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "fixes-engines": 570, "train-rl": 570, "upstream": 540,
+            "bench": 540, "bench-decode": 540, "bench-sync": 480}
 #: Under --budget, a step with less than this left of it is not started (it could not finish).
 MIN_STEP_SECONDS = 60
 #: The part of tests/fixes whose tests start engines in processes of their
 #: own on the chips: its pytest process stays off them (one process at a
 #: time can hold a chip), the rest of the tpu_cell tests hold them in-process.
 ENGINE_TESTS = "tests/fixes/test_smoke.py"
+#: train_rl on the chips, each run in a process of its own (MaxText needed): as ENGINE_TESTS.
+TRAIN_RL_TESTS = "tests/fixes/test_train_rl.py"
 #: The host stand-ins the bundle carries (stand-ins/sitecustomize.py holds each).
 STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops", "maxtext-py311-aliases")
 #: The variable that names the active stand-ins for sitecustomize.py.
@@ -301,14 +303,19 @@ class Cell:
         tests = {"PYTHONPATH": self.env()["PYTHONPATH"] + os.pathsep + str(self.bundle / "tests")}
         # tests/fixes' TPU cell mode: the tests marked tpu_cell, on this host's chips, however many
         # (tests/support/fixes/matrix.py), the kernels compiled for them (no interpret mode).
-        if name in ("fixes", "fixes-engines"):
+        if name in ("fixes", "fixes-engines", "train-rl"):
             cell = tests | {"MRL_PLATFORM": "tpu", "MRL_TPU_CHIPS": str(self.chips())}
         if name == "fixes":
-            return self.pytest(name, ["tests/fixes"], cell | {"MRL_QUICK": "1"}, "-m", "tpu_cell", "--ignore", ENGINE_TESTS, *passthrough)
+            return self.pytest(name, ["tests/fixes"], cell | {"MRL_QUICK": "1"}, "-m", "tpu_cell", "--ignore", ENGINE_TESTS,
+                               "--ignore", TRAIN_RL_TESTS, *passthrough)
         if name == "fixes-engines":
             # The whole of it (MRL_QUICK=0: the breaks smoke must see); jax in this process on the CPU,
             # the engines the tests start on the chips.
             return self.pytest(name, [ENGINE_TESTS], cell | {"MRL_QUICK": "0", "JAX_PLATFORMS": "cpu"}, "-m", "tpu_cell", *passthrough)
+        if name == "train-rl":
+            # The overlay's runs (MRL_QUICK=1; -k to choose a configuration), MaxText's train_rl on the chips.
+            return self.pytest(name, [TRAIN_RL_TESTS], cell | {"MRL_QUICK": "1", "MRL_MAXTEXT": "1", "JAX_PLATFORMS": "cpu"},
+                               "-m", "tpu_cell", *passthrough)
         if name == "upstream":
             return self.pytest(name, [f"upstream/{p}" for p in self.facts["upstream_tests"]], {}, "--rootdir", "upstream", *passthrough)
         if name == "bench":
@@ -316,6 +323,10 @@ class Cell:
         if name == "bench-decode":
             json_file = self.report_dir / "steps" / f"{self.label(name)}.json"
             return self.run(name, [self.python, "tests/bench/bench_decode.py", "--json", str(json_file), *passthrough], env=self.env() | tests)
+        if name == "bench-sync":
+            json_file = self.report_dir / "steps" / f"{self.label(name)}.json"
+            return self.run(name, [self.python, "tests/bench/bench_maxtext_sync.py", "--platform", "tpu", "--json", str(json_file),
+                                   *passthrough], env=self.env() | tests)
         raise SystemExit(f"tpu-cell: unknown step {name}")
 
     def chips(self) -> int:

@@ -176,15 +176,22 @@ def _assert_all_exact(models, out):
     assert not out["sharding"], out["sharding"][:3]
 
 
+#: The TPU cell runs the marked tests on its host's chips (one included): the
+#: real models' states on the chip, upstream's error beside the overlay's sync.
+cell = pytest.mark.tpu_cell
+
+
+@cell
 @pytest.mark.parametrize("source", SOURCES)
-def test_sync(models, modules, source, caplog):
+def test_sync(models, modules, source, caplog, record_property):
     upstream, patched = modules
     family = models.family.name
+    record_property("devices", _devices())
     # -- upstream with the same state
     if source.startswith("unfiltered"):
         with pytest.raises(IndexError) as excinfo:
             _sync(upstream, models, source)
-        assert_report_error(excinfo, SCALAR_RNG if family == "gemma3" else STACKED_RNG)
+        record_property("upstream", assert_report_error(excinfo, SCALAR_RNG if family == "gemma3" else STACKED_RNG))
     else:
         out = _outcome(models, _sync(upstream, models, source))
         if family == "gemma3" and source == "param-only":
@@ -207,10 +214,21 @@ def test_sync(models, modules, source, caplog):
         # No rng state in the source: the target's own is left as it was.
         assert out["rng_kept"] and not out["rng_own"] and not out["rng_other"]
     assert not [r for r in caplog.records if "transfer_state_directly" in r.getMessage()]
-    print(f"{family} | {source}: {len(out['exact'])}/{len(models.expected)} params exact, "
-          f"{len(out['rng_own'])} per-layer rng leaves their own layer's")
+    said = (f"{family} | {source}: {len(out['exact'])}/{len(models.expected)} params exact, "
+            f"{len(out['rng_own'])} per-layer rng leaves their own layer's")
+    record_property("overlay", said)
+    print(said)
 
 
+def _devices() -> str:
+    """Where the states are, in words (the TPU cell's record says it was the chip)."""
+    import jax
+
+    devices = jax.devices()
+    return f"{len(devices)} {devices[0].platform} device(s), {devices[0].device_kind}"
+
+
+@cell
 def test_shared_rng_leaf_receives_layer_0(models, modules):
     """The target's layers share one nnx.Rngs (llama3 and qwen3: the decoder's,
     at `self_attention.attention_op.rngs` / `moe_block.rngs`; gemma3: the

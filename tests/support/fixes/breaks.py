@@ -18,8 +18,11 @@ import dataclasses
 #: The sampler's two paths.
 VOCAB_SHARDED = "tpu_inference/layers/jax/sample/vocab_sharded.py"
 REPLICATED = "tpu_inference/layers/jax/sample/sampling.py"
-#: Tunix's sync with mappings (the Llama configuration's).
+#: Tunix's sync with mappings (the Llama configuration's), and its direct
+#: sync (MaxText's configuration's: transfer_state_directly), in one file.
 TUNIX_SYNC = "tunix/generate/utils.py"
+#: smoke's MaxText configuration.
+MAXTEXT = "maxtext-new-model-design"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +46,9 @@ class Break:
     replicated: Edit
     #: The configurations it reaches (None: every one smoke runs).
     configurations: tuple[str, ...] | None = None
+    #: The function the break is in, which the configuration's sync must say
+    #: it ran (its `sync_path`): the check failed because that path was taken.
+    ran: str | None = None
 
     def edit(self, chips: int) -> Edit:
         """The edit for the path an engine on `chips` chips takes (smoke's
@@ -82,5 +88,19 @@ BREAKS = [
                       "    if 'norm' in str(flat_src_key):\n      continue\n"
                       "    val = _apply_transpose(val, flat_src_key, transpose_keys, rollout_engine)\n")),
           configurations=("llama-device-indexes",)),
+    # MaxText's sync: Tunix's transfer_state_directly takes no target norm
+    # (the layers' nor the decoder's), whichever path the source comes by.
+    Break("MaxText's norms not synced", ("synced greedy tokens", "synced greedy logprobs"),
+          *_same(Edit(TUNIX_SYNC, "      path_str = '.'.join(str(k) for k in key_tuple)\n      # Try Direct Match\n",
+                      "      path_str = '.'.join(str(k) for k in key_tuple)\n      if 'norm' in path_str:\n        continue\n"
+                      "      # Try Direct Match\n")),
+          configurations=(MAXTEXT,)),
+    # Inside Tunix's unstacking of a scanned leaf (the seed's second bug's
+    # function): the layers come out in reverse order. Only a sync that
+    # unstacks through it can fail for it, and the sync says it ran.
+    Break("MaxText's scanned layers unstacked in reverse order", ("synced greedy tokens", "synced greedy logprobs"),
+          *_same(Edit(TUNIX_SYNC, "      # Unstack along the 0th axis\n",
+                      "      src_val = src_val[::-1]\n      # Unstack along the 0th axis\n")),
+          configurations=(MAXTEXT,), ran="_unstack_scanned_param"),
 ]
 NAMED = {b.name: b for b in BREAKS}

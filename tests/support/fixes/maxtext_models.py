@@ -2,13 +2,13 @@
 
 * The actor: `model_creation_utils.from_pretrained(config, devices=...,
   wrap_with_tunix_adapter=True)`, as `create_models_and_meshes` builds it for
-  train_rl (`scan_layers=True`, fsdp over the 8 devices).
+  train_rl (`scan_layers=True`, fsdp over all the devices).
 * The rollout target: the model `MaxTextForCausalLM.load_weights` builds (its
   own method, called on an instance whose `maxtext_config` is what
   `generate_maxtext_config` makes of `inference/vllm.yml`: unrolled
   `layers_0..N-1`, kv heads raised to the tensor parallelism), split as
   tpu-inference's model loader splits it (`nnx.split`), on a data=2 x model=4
-  mesh. `generate_maxtext_config` itself needs a vLLM config and a TPU
+  mesh (on 8 devices; elsewhere every device on model: the TPU cell's chips). `generate_maxtext_config` itself needs a vLLM config and a TPU
   (`pltpu.get_tpu_info()`), so its two overrides are given here.
 
 Also here: the sync sources as MaxText 0.2.4 and Tunix hand them to
@@ -79,22 +79,30 @@ FAMILIES = {
 }
 
 
-def actor(family: Family):
-    """The train_rl actor (TunixMaxTextAdapter around the scanned model) and its mesh."""
+def actor(family: Family, **dims):
+    """The train_rl actor (TunixMaxTextAdapter around the scanned model) and its mesh;
+    `dims` replace the tiny ones (the benchmarks' larger models)."""
     import jax
     from maxtext.configs import pyconfig
     from maxtext.utils import model_creation_utils
 
     config = pyconfig.initialize(
         ["", os.path.join(_configs_dir(), "base.yml")],
-        **_TINY, **family.overrides, model_name=family.model_name, base_num_decoder_layers=family.layers,
-        scan_layers=True, attention="dot_product", ici_fsdp_parallelism=8, init_weights_seed=0,
+        **(_TINY | dims), **family.overrides, model_name=family.model_name, base_num_decoder_layers=family.layers,
+        scan_layers=True, attention="dot_product", ici_fsdp_parallelism=len(jax.devices()), init_weights_seed=0,
     )
     return model_creation_utils.from_pretrained(config, devices=jax.devices(), wrap_with_tunix_adapter=True)
 
 
-def target(family: Family):
-    """The rollout model (a MaxTextForCausalLM after load_weights) and its state, as the runner holds it."""
+def target_mesh_shape(devices: int) -> tuple[int, int]:
+    """The target's (data, model) mesh: 2 x 4 on 8 devices (a v6e-8 or its
+    simulation), all on model elsewhere (the TPU cell's chips, one included)."""
+    return (2, devices // 2) if devices == 8 else (1, devices)
+
+
+def target(family: Family, **dims):
+    """The rollout model (a MaxTextForCausalLM after load_weights) and its state, as the runner holds it;
+    `dims` as actor's."""
     import jax
     import numpy as np
     from flax import nnx
@@ -103,15 +111,16 @@ def target(family: Family):
     from maxtext.configs import pyconfig
     from maxtext.integration.vllm.maxtext_vllm_adapter.adapter import MaxTextForCausalLM
 
+    data, tensor = target_mesh_shape(len(jax.devices()))
     config = pyconfig.initialize(
         ["", os.path.join(_configs_dir(), "inference", "vllm.yml")],
-        **_TINY, **family.overrides, model_name=family.model_name, base_num_decoder_layers=family.layers,
-        ici_data_parallelism=2, ici_tensor_parallelism=4,
+        **(_TINY | dims), **family.overrides, model_name=family.model_name, base_num_decoder_layers=family.layers,
+        ici_data_parallelism=data, ici_tensor_parallelism=tensor,
         # generate_maxtext_config's: prefused MoE gate/up at TP > 1 (what
         # prepare_direct_sync_additional_config asks for) ...
         **({"prefuse_moe_weights": True} if family.overrides.get("num_experts", 1) > 1 else {}),
     )
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 1, 4, 1, 1), config.mesh_axes)
+    mesh = Mesh(np.array(jax.devices()).reshape(data, 1, tensor, 1, 1), config.mesh_axes)
 
     class LoadedMaxTextForCausalLM(MaxTextForCausalLM):
         """MaxTextForCausalLM with the config generate_maxtext_config would give; load_weights is its own."""

@@ -16,7 +16,7 @@ import pathlib
 from typing import Any
 
 from support.fixes import maxtext_models
-from support.fixes.matrix import DEVICES
+from support.fixes.matrix import CHIPS
 
 #: The tiny model's dimensions, in MaxText's words and in Hugging Face's
 #: (support/fixes/maxtext_models.py says why these).
@@ -117,7 +117,7 @@ def argv_for(config: str, work: pathlib.Path, inputs: dict) -> list[str]:
         "batch_size=1",
         "num_batches=2",  # two GRPO steps (MaxText's test: batch_size=4, num_batches=1)
         "num_test_batches=1",
-        f"chips_per_vm={DEVICES}",
+        f"chips_per_vm={CHIPS}",
         "scan_layers=True",
         "hbm_utilization_vllm=0.4",
         "rollout_data_parallelism=1",

@@ -9,9 +9,10 @@ STACKED_RNG = ("_bulk_align_and_unstack", "+ (arr.shape[scan_axis],)")
 SCALAR_RNG = ("intersect_trees", "sliced_val = unstacked_cache[cache_key][layer_idx]")
 
 
-def assert_report_error(excinfo, where: tuple[str, str]) -> None:
+def assert_report_error(excinfo, where: tuple[str, str]) -> str:
     """`excinfo` is the report's IndexError, raised by the statement `where[1]`
-    in the function `where[0]` of the upstream module (support/fixes/unpatched.py)."""
+    in the function `where[0]` of the upstream module (support/fixes/unpatched.py).
+    Returns the error and its line, in words."""
     function, statement = where
     assert excinfo.type is IndexError
     assert str(excinfo.value) == "tuple index out of range"
@@ -22,4 +23,6 @@ def assert_report_error(excinfo, where: tuple[str, str]) -> None:
     lineno = last.lineno + 1  # pytest counts from 0
     line = linecache.getline(str(last.path), lineno).strip()
     assert line == statement, (lineno, line)
-    print(f"upstream {last.path.name}:{lineno} in {function}: {line}")
+    said = f"upstream {last.path.name}:{lineno} in {function}: {line}: IndexError: {excinfo.value}"
+    print(said)
+    return said

@@ -63,7 +63,9 @@ only (sync_weights_as_on_tpu). Each is recorded in RESULT.json under
 
 RESULT.json: "steps" (each with its seconds, in order; the last one without
 "done" is where the run stopped), "stopped" (the exception, with the frames
-of installed packages), and "checks".
+of installed packages), "checks", and each GRPO step's seconds
+("grpo_step_seconds") split into the trainer's phases ("phase_seconds":
+rollout, logprobs, actor_update, weight_sync, other).
 """
 
 from __future__ import annotations
@@ -188,6 +190,48 @@ class TimedSync:
         self.seconds.append(round(time.monotonic() - self.began, 1))
         self.began = time.monotonic()
         self.run.write()
+
+
+#: The trainer's phases, timed where RLCluster runs them (its own methods,
+#: wrapped on the one instance, each called as it was): phase -> the methods.
+PHASES = {"rollout": ("generate",), "logprobs": ("get_ref_per_token_logps", "get_old_per_token_logps"),
+          "actor_update": ("update_actor",), "weight_sync": ("sync_weights",)}
+
+
+class PhaseTimes:
+    """The seconds each GRPO step spent in each of the trainer's phases
+    (RESULT.json's "phase_seconds", one dict a step: rollout, logprobs (the
+    reference's and the old policy's), actor_update, weight_sync, and the
+    rest of the step as "other"); a step ends with its weight sync."""
+
+    def __init__(self, run: Run, cluster) -> None:
+        self.run, self.steps = run, run.result.setdefault("phase_seconds", [])
+        self.current: dict[str, float] = {}
+        for phase, names in PHASES.items():
+            for name in names:
+                if hasattr(cluster, name):
+                    setattr(cluster, name, self.timed(phase, getattr(cluster, name)))
+
+    def timed(self, phase: str, method):
+        def call(*args, **kwargs):
+            began = time.monotonic()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.current[phase] = round(self.current.get(phase, 0.0) + time.monotonic() - began, 2)
+                if phase == "weight_sync":
+                    self.close()
+
+        return call
+
+    def close(self) -> None:
+        """The step that ended with the sync just made: its phases, and the rest of its seconds."""
+        steps = self.run.result.get("grpo_step_seconds") or []
+        step = dict(self.current)
+        if len(steps) > len(self.steps):  # TimedSync read the step's whole seconds
+            step["other"] = round(steps[len(self.steps)] - sum(step.values()), 2)
+        self.steps.append(step)
+        self.current = {}
 
 
 def prompt_logprobs(rollout) -> list[float]:
@@ -338,6 +382,7 @@ def train(run: Run, t: Trainer) -> None:
     if PLATFORM == "cpu":
         run.result["stand_ins"].append(TRANSFER_GUARD_STAND_IN)
     t.cluster.sync_weights = timed
+    PhaseTimes(run, t.cluster)  # wraps the timed sync too: it closes a step after TimedSync has read its seconds
 
     def compare_parameters():
         checks = run.result["checks"]

@@ -1,0 +1,166 @@
+"""Benchmark: the weight sync train_rl runs between real MaxText models, of
+growing size, against a plain on-device copy of the same bytes, in one run.
+
+    PYTHON tests/bench/bench_maxtext_sync.py [--platform cpu|tpu] [--sizes S,M,...] [--runs N] [--json FILE]
+
+(tests/ on PYTHONPATH; PYTHON sees maxtext 0.2.4 and the installed overlay:
+the matrix's MaxText cell venv, or the TPU cell's install.) `--platform cpu`
+(the default) runs on the 8-device CPU simulation, `tpu` on the machine's
+chips, however many.
+
+For each size (SIZES: llama3-shaped MaxText models, bfloat16 weights, from a
+few million parameters to about a billion) it builds, by MaxText's own code
+(support/fixes/maxtext_models.py), train_rl's actor (scanned layers, the
+Tunix adapter, fsdp over the devices) and the rollout's target (MaxText's
+vLLM model after its own load_weights: unrolled layers, on the rollout's
+mesh), then times, after one warm-up, the median of RUNS of each, every one
+blocked until the target's arrays are ready:
+
+  maxtext sync   MaxTextVllmSampler's sync for maxtext_on_vllm: MaxText's
+                 pre-unroll of nnx.state(actor, nnx.Param), then Tunix's
+                 transfer_state_directly with reshard_pytree
+  stacked sync   the whole nnx.state(actor) (rng state too) through
+                 transfer_state_directly, which unstacks the scanned layers
+                 itself (smoke's MaxText sync)
+  copy           a plain on-device copy of the target's parameters
+                 (jnp.array(x, copy=True)): the same bytes, nothing else
+
+and gives each as GB/s of the target's parameter bytes, and the syncs'
+seconds as ratios to the copy's. A size that does not fit the devices'
+memory is said (with the error) and the larger ones are not tried. Asserts
+nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+from typing import Any
+
+#: name -> MaxText overrides (llama3.1-8b's structure; tied to nothing).
+SIZES: dict[str, dict[str, Any]] = {
+    "6M": dict(base_emb_dim=256, base_num_query_heads=4, base_num_kv_heads=4, head_dim=64, base_mlp_dim=1024,
+               vocab_size=1024, layers=4),
+    "180M": dict(base_emb_dim=1024, base_num_query_heads=16, base_num_kv_heads=8, head_dim=64, base_mlp_dim=3584,
+                 vocab_size=32000, layers=8),
+    "520M": dict(base_emb_dim=1536, base_num_query_heads=12, base_num_kv_heads=8, head_dim=128, base_mlp_dim=5376,
+                 vocab_size=32000, layers=12),
+    "1.1B": dict(base_emb_dim=2048, base_num_query_heads=16, base_num_kv_heads=8, head_dim=128, base_mlp_dim=8192,
+                 vocab_size=32000, layers=16),
+}
+DEFAULT_SIZES = {"cpu": ("6M", "180M"), "tpu": tuple(SIZES)}
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--platform", choices=("cpu", "tpu"), default="cpu")
+    parser.add_argument("--sizes", help=f"comma-separated, of {', '.join(SIZES)} (default: cpu {DEFAULT_SIZES['cpu']}, tpu all)")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", type=pathlib.Path)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    os.environ["MRL_PLATFORM"] = args.platform
+    sizes = args.sizes.split(",") if args.sizes else list(DEFAULT_SIZES[args.platform])
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"bench_maxtext_sync: unknown size(s) {unknown}; the sizes are {', '.join(SIZES)}")
+    from support.fixes.matrix import simulate_v6e_8
+
+    simulate_v6e_8()  # a no-op on the TPU; before jax is imported
+    import jax
+
+    devices = jax.devices()
+    doc: dict[str, Any] = {"platform": devices[0].platform, "devices": len(devices), "device_kind": devices[0].device_kind,
+                           "runs": args.runs, "sizes": []}
+    print(f"bench_maxtext_sync: {len(devices)} {devices[0].platform} device(s) ({devices[0].device_kind}), median of {args.runs}",
+          flush=True)
+    for name in sizes:
+        began = time.monotonic()
+        try:
+            row = measure(name, args.runs)
+            gc.collect()  # this size's models, before the next one's
+        except Exception as error:  # noqa: BLE001 - said, and the larger sizes are not tried
+            row = {"size": name, "error": f"{type(error).__name__}: {str(error)[:500]}"}
+        row["seconds"] = round(time.monotonic() - began, 1)
+        doc["sizes"].append(row)
+        print(render(row), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(doc, indent=1))
+        if "error" in row:
+            print(f"bench_maxtext_sync: {name} did not fit or failed; the larger sizes are not tried", flush=True)
+            break
+    return 0
+
+
+def render(row: dict[str, Any]) -> str:
+    if "error" in row:
+        return f"{row['size']:>6}  {row['error']}"
+    gb = row["bytes"] / 1e9
+    return (f"{row['size']:>6}  {row['params'] / 1e6:8.1f} M params  {gb:6.3f} GB  "
+            f"maxtext sync {row['maxtext_sync_s']:.3f} s ({gb / row['maxtext_sync_s']:.2f} GB/s)  "
+            f"stacked sync {row['stacked_sync_s']:.3f} s ({gb / row['stacked_sync_s']:.2f} GB/s)  "
+            f"copy {row['copy_s']:.4f} s ({gb / row['copy_s']:.2f} GB/s)  "
+            f"sync/copy: maxtext {row['maxtext_sync_s'] / row['copy_s']:.1f}x, stacked {row['stacked_sync_s'] / row['copy_s']:.1f}x")
+
+
+def measure(name: str, runs: int) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from tunix.generate import utils
+    from tunix.rl import reshard
+
+    from support.fixes import maxtext_models
+
+    dims = dict(SIZES[name])
+    family = maxtext_models.Family("llama3", "llama3.1-8b", dims.pop("layers"))
+    dims |= {"weight_dtype": "bfloat16", "dtype": "bfloat16"}
+    actor, _ = maxtext_models.actor(family, **dims)
+    target = maxtext_models.target(family, **dims)
+    def target_params() -> list[Any]:
+        return [v[...] for _, v in nnx.to_flat_state(target) if isinstance(v, nnx.Param)]
+
+    size = sum(int(x.size) for x in target_params())
+    nbytes = sum(int(x.size) * x.dtype.itemsize for x in target_params())
+
+    def block() -> None:
+        jax.block_until_ready([v[...] for _, v in nnx.to_flat_state(target)])
+
+    def maxtext_sync() -> None:
+        source = maxtext_models.maxtext_pre_unroll(maxtext_models.param_state(actor))
+        utils.transfer_state_directly(source, target, reshard_fn=reshard.reshard_pytree)
+        block()
+
+    def stacked_sync() -> None:
+        utils.transfer_state_directly(nnx.state(actor), target, reshard_fn=reshard.reshard_pytree)
+        block()
+
+    def copy() -> None:
+        jax.block_until_ready([jnp.array(x, copy=True) for x in target_params()])
+
+    row: dict[str, Any] = {"size": name, "params": size, "bytes": nbytes, "layers": family.layers, **dims}
+    for label, run in (("maxtext_sync_s", maxtext_sync), ("stacked_sync_s", stacked_sync), ("copy_s", copy)):
+        run()  # warm-up: the programs compiled
+        seconds = []
+        for _ in range(runs):
+            gc.collect()
+            began = time.perf_counter()
+            run()
+            seconds.append(time.perf_counter() - began)
+        row[label] = statistics.median(seconds)
+    for label in ("maxtext_sync_s", "stacked_sync_s"):
+        row[label.replace("_s", "_per_copy")] = row[label] / row["copy_s"]
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main())
