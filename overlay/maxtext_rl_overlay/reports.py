@@ -115,8 +115,8 @@ class CellStep(TypedDict):
 class CellDocument(TypedDict):
     """cell.json: the TPU cell's report, accumulated over calls (written by
     tpucell/host.py, which runs on the TPU host with the standard library
-    alone and so says this type and its report_version again:
-    tests/unit/test_reports.py holds the two equal)."""
+    alone: it reads this type only when checked, and says its report_version
+    again, which tests/unit/test_reports.py holds equal)."""
 
     report_version: int
     kind: Literal["tpu-cell"]
@@ -126,6 +126,7 @@ class CellDocument(TypedDict):
     host: dict[str, Any]
     deviations: list[str]
     steps: dict[str, CellStep]
+    bundle: NotRequired[dict[str, Any]]
 
 
 #: The documents by kind, and the records they hold (docs/reports.md's tables).

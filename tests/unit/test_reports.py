@@ -109,17 +109,13 @@ def test_cell_json_round_trips_and_an_older_one_is_refused(tmp_path):
         host.read_report(path, facts)
 
 
-def test_the_cell_says_the_reports_types_and_version_again_unchanged():
+def test_the_cell_writes_the_reports_version_and_types():
     """tpucell/host.py runs on the TPU host with the standard library alone,
-    so it cannot import reports: what it says again of cell.json's format
-    must not drift from reports' types and version."""
+    so it cannot import reports at run time: it says cell.json's version
+    again (held equal here) and names reports' types for the type checker
+    alone, never a copy of them that could drift."""
     assert host.CELL_REPORT_VERSION == reports.VERSIONS["tpu-cell"]
-    for name in ("CellDocument", "CellStep"):
-        ours, its = getattr(reports, name), getattr(host, name, None)
-        if its is not None:  # host.py may name reports' types for the type checker alone
-            assert [(k, t.__forward_arg__) for k, t in its.__annotations__.items()] == \
-                [(k, t.__forward_arg__) for k, t in ours.__annotations__.items()], name
-            assert (its.__required_keys__, its.__optional_keys__) == (ours.__required_keys__, ours.__optional_keys__), name
+    assert not hasattr(host, "CellDocument") and not hasattr(host, "CellStep")
 
 
 def test_a_reader_refuses_another_kind_or_version_in_words(tmp_path):

@@ -27,7 +27,10 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # cell.json's types are reports'; on the host this file runs alone, standard library only
+    from ..reports import CellDocument, CellStep
 
 STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "train-rl", "upstream", "bench", "bench-decode", "bench-sync")
 #: Each step's own bound, seconds (--timeout overrides them all).
@@ -50,38 +53,6 @@ INSTALLED = ".mrl-tpu-cell-installed"
 LIBTPU_LOCKFILE = pathlib.Path("/tmp/libtpu_lockfile")
 #: cell.json's format (docs/reports.md); a report folder holding another is refused, not mixed.
 CELL_REPORT_VERSION = 1
-
-
-class CellStep(TypedDict):
-    """One step's result in cell.json; `tests` where it wrote JUnit XML,
-    `summary` where the step says more than its log's last line, `failed` and
-    `cannot_run` read from smoke's own report."""
-
-    rc: int | None
-    seconds: float
-    when: str
-    stand_ins: list[str]
-    timed_out: NotRequired[bool]
-    command: NotRequired[str]
-    tail: NotRequired[list[str]]
-    tests: NotRequired[dict[str, int]]
-    summary: NotRequired[str]
-    failed: NotRequired[list[str] | None]
-    cannot_run: NotRequired[str | None]
-
-
-class CellDocument(TypedDict):
-    """cell.json: the TPU cell's report, accumulated over calls (docs/reports.md)."""
-
-    report_version: int
-    kind: Literal["tpu-cell"]
-    release: str
-    bundle_python: str
-    bundle_jax: str
-    host: dict[str, Any]
-    deviations: list[str]
-    steps: dict[str, CellStep]
-    bundle: NotRequired[dict[str, Any]]
 
 
 def _normal(name: str) -> str:
@@ -548,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             result["when"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             result["stand_ins"] = stand_ins
             label = cell.label(name)
-            cell.report["steps"][label] = cast(CellStep, result)
+            cell.report["steps"][label] = cast("CellStep", result)
             if (cell.target / INSTALLED).is_file():
                 cell.report["deviations"] = cell.deviations()
             cell.write()
