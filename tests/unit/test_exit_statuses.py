@@ -177,6 +177,31 @@ def test_a_tpu_held_by_another_process_is_said_so(tmp_path):
     assert run._probe(_fake_python(tmp_path, json.dumps({"errors": {}, "backend": "cpu"})), ask_backend=True) == "cpu"
 
 
+def test_a_tpu_held_by_another_process_is_said_so_where_jax_raises_instead_of_falling_back(tmp_path):
+    """On a v5e (jax 0.10.2, libtpu 0.0.42) jax.default_backend() raises where
+    another process holds the chip (seen on the chip: smoke said "the
+    installed stack is broken" before): the real probe, with a jax that
+    raises as that one did, answers the refusal and smoke says the TPU is held."""
+    from maxtext_rl_overlay import probes
+    from maxtext_rl_overlay.smoke import run
+
+    fake_jax = tmp_path / "site" / "jax"
+    fake_jax.mkdir(parents=True)
+    (fake_jax / "__init__.py").write_text(
+        "def default_backend():\n"
+        "    raise RuntimeError(\"Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 4242. \"\n"
+        "                       \"Not attempting to load libtpu.so in this process.\")\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"))
+    done = subprocess.run(probes.command(sys.executable, "backend", "1", "jax"), capture_output=True, text=True, env=env, check=True)
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["backend"] is None and "already in use by process with pid 4242" in answer["backend_error"], answer
+    with pytest.raises(run.CannotRun, match="the TPU is held by another process.*pid 4242"):
+        run._probe(_fake_python(tmp_path, json.dumps(answer)), ask_backend=True)
+    other = dict(answer, backend_error="RuntimeError: Unable to initialize backend 'tpu': INTERNAL: no chips")
+    with pytest.raises(run.BrokenStack, match="jax imports but cannot open a backend: RuntimeError: .*no chips"):
+        run._probe(_fake_python(tmp_path, json.dumps(other)), ask_backend=True)
+
+
 def test_a_revision_that_is_not_a_number(project):
     _edit(project / "pyproject.toml", r"^revision = \d+$", 'revision = "two"')
     done = _cli("lint", "--project", str(project))

@@ -237,9 +237,15 @@ def _probe(python: str, ask_backend: bool) -> str | None:
         raise BrokenStack(f"importing {', '.join(PROBED)} killed the process: {said}") from None
     if answer["errors"]:
         raise BrokenStack("; ".join(f"{name} fails to import: {error}" for name, error in answer["errors"].items()))
-    held = [line.strip() for line in done.stderr.splitlines() if any(sign in line for sign in TPU_HELD)]
+    # Where another process holds the chip, jax either falls back to the CPU
+    # and warns on stderr, or (libtpu 0.0.42 on a v5e, measured) raises.
+    refusal = answer.get("backend_error")
+    said = [refusal] if refusal else []
+    held = [line.strip() for line in [*said, *done.stderr.splitlines()] if any(sign in line for sign in TPU_HELD)]
     if ask_backend and answer["backend"] != "tpu" and held:
         raise CannotRun(f"the TPU is held by another process, so jax could not open it: {held[0][:300]}. Stop that process, then run smoke again.")
+    if refusal:
+        raise BrokenStack(f"jax imports but cannot open a backend: {refusal}")
     backend: str | None = answer["backend"]
     return backend
 
