@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -379,6 +380,38 @@ def test_a_killed_steps_libtpu_lockfile_is_removed_only_where_no_process_holds_a
     assert host.clear_stale_libtpu_lock(lockfile) and not lockfile.exists()
     monkeypatch.undo()
     assert os.getpid() not in host.chip_holders(), "this process holds no TPU device file"
+
+
+def test_a_step_killed_past_its_bound_takes_its_descendants_in_other_sessions_with_it(tmp_path):
+    """smoke's engines run in sessions of their own; one left alive after its
+    step was killed kept the chip (seen on a v5e). The kill reaches every
+    process below the step, whatever its session."""
+    pid_file = tmp_path / "grandchild.pid"
+    grandchild = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              f"subprocess.Popen([sys.executable, '-c', {grandchild!r}], start_new_session=True); time.sleep(600)"],
+                             start_new_session=True)
+    try:
+        for _ in range(200):
+            if pid_file.is_file() and pid_file.read_text():
+                break
+            time.sleep(0.05)
+        orphan = int(pid_file.read_text())
+        assert orphan in host.descendants(child.pid) and os.getsid(orphan) != os.getsid(child.pid)
+        host.kill_descendants(child.pid)
+        for _ in range(200):
+            try:
+                os.kill(orphan, 0)
+            except ProcessLookupError:
+                break
+            if pathlib.Path(f"/proc/{orphan}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break  # killed, waiting for its parent (gone or stopped) to reap it
+            time.sleep(0.05)
+        else:
+            pytest.fail(f"process {orphan}, below the killed step, still runs")
+    finally:
+        os.killpg(child.pid, 9)
+        child.wait()
 
 
 @pytest.mark.tpu

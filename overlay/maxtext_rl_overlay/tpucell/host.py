@@ -15,6 +15,7 @@ named with --host-stand-ins, and every step says which were."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -23,6 +24,7 @@ import pathlib
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -221,6 +223,10 @@ class Cell:
                 rc = child.wait(timeout=timeout)
                 timed_out = False
             except subprocess.TimeoutExpired:
+                # Its descendants first: smoke's engines run in sessions of their own, out of
+                # the step's process group, and one left alive keeps the chip (seen on a v5e:
+                # the next step found "The TPU is already in use by process with pid N").
+                kill_descendants(child.pid)
                 os.killpg(child.pid, 9)
                 rc, timed_out = child.wait(), True
         seconds = round(time.monotonic() - began, 1)
@@ -399,6 +405,39 @@ def chip_holders() -> list[int]:
         if any(t.startswith(("/dev/accel", "/dev/vfio/")) for t in targets):
             holders.append(int(fd_dir.parent.name))
     return holders
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, theirs, ...), read from /proc:
+    whatever session or process group each one moved to."""
+    parents: dict[int, list[int]] = {}
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        parents.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL to every process below `pid`: each stopped first, and the tree
+    read again until no new one appears, so none forks a child unseen."""
+    stopped: set[int] = set()
+    while new := [each for each in descendants(pid) if each not in stopped]:
+        for each in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(each, signal.SIGSTOP)
+        stopped.update(new)
+    for each in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(each, signal.SIGKILL)
 
 
 def clear_stale_libtpu_lock(lockfile: pathlib.Path | None = None) -> bool:
