@@ -138,7 +138,15 @@ def cutoff_value(value: str, where: str) -> str:
 
 
 def cutoff_now() -> str:
-    """This moment as a resolution cutoff (UTC, to the second)."""
+    """This moment as a resolution cutoff (UTC, to the second): the moment
+    SOURCE_DATE_EPOCH names where it is set (reproducible-builds' "the
+    current time" for a run that must give the same bytes twice, such as a
+    rebase replayed after a kill), else the clock's."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if epoch:
+        if not epoch.isdigit():
+            raise OverlayError(f"SOURCE_DATE_EPOCH must be whole seconds since 1970, not {epoch!r}.")
+        return datetime.datetime.fromtimestamp(int(epoch), datetime.UTC).strftime(CUTOFF_FORMAT)
     return datetime.datetime.now(datetime.UTC).strftime(CUTOFF_FORMAT)
 
 

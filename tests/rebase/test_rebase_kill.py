@@ -203,7 +203,8 @@ def _args(command: str, world: World) -> list[str]:
 def _tool(project: pathlib.Path, world: World, command: str, kill: str = "") -> subprocess.CompletedProcess:
     args = ["rebase", *_args(command, world), "--project", str(project)]
     head = [sys.executable, "-c", CHILD, kill, str(world.hooks)] if kill else [sys.executable, "-m", "maxtext_rl_overlay"]
-    env = dict(os.environ, MRL_CACHE_DIR=str(project.parent / "cache"), UV_DEFAULT_INDEX=world.index)
+    # One "now" for every run (a --maxtext move sets the cutoff to it): the killed run replayed and the unkilled one compare equal.
+    env = dict(os.environ, MRL_CACHE_DIR=str(project.parent / "cache"), UV_DEFAULT_INDEX=world.index, SOURCE_DATE_EPOCH="1796100000")
     return subprocess.run([*head, *args], capture_output=True, text=True, env=env, timeout=300, start_new_session=True,
                           preexec_fn=default_signals)
 

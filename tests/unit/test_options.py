@@ -176,6 +176,19 @@ def test_the_resolution_cutoff_has_one_spelling(value):
     assert options.cutoff_value(options.cutoff_now(), "now")
 
 
+def test_now_is_source_date_epoch_where_it_is_set(monkeypatch):
+    """A rebase --maxtext replayed after a kill must move the cutoff to the
+    same moment as an unkilled one: reproducible-builds' SOURCE_DATE_EPOCH
+    names "now" where set."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796000000")
+    assert options.cutoff_now() == "2026-11-30T00:53:20Z"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(OverlayError, match="SOURCE_DATE_EPOCH must be whole seconds since 1970, not 'yesterday'"):
+        options.cutoff_now()
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert options.cutoff_now() > "2026-11-30T00:53:20Z"
+
+
 def test_the_cutoff_command_prints_the_cutoff_and_moves_it_in_place(project):
     """`maxtext-rl-overlay cutoff`: the one command that moves it, editing
     only its line of pyproject.toml (the comments that explain it kept)."""
