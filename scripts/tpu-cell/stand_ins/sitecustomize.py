@@ -76,6 +76,17 @@ class _Empty(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _empty = _Empty()
 
 
+def _spec_from_the_others(me: importlib.abc.MetaPathFinder, name: str, path: Any, target: Any) -> importlib.machinery.ModuleSpec | None:
+    """The spec the finders after `me` would give `name` (the first with a loader): what the stand-in's finder wraps."""
+    for finder in sys.meta_path:
+        if finder is me or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            return spec
+    return None
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs a function on a module right after it is executed."""
 
@@ -84,23 +95,17 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         hook = self.hooks.get(name)
-        if hook is None:
+        spec = None if hook is None else _spec_from_the_others(self, name, path, target)
+        if spec is None or spec.loader is None:
             return None
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
-            if spec is not None and spec.loader is not None:
-                loader = spec.loader
-                execute = loader.exec_module
+        execute = spec.loader.exec_module
 
-                def exec_module(module: Any, execute: Any = execute, hook: Any = hook) -> None:
-                    execute(module)
-                    hook(module)
+        def exec_module(module: Any, execute: Any = execute, hook: Any = hook) -> None:
+            execute(module)
+            hook(module)
 
-                loader.exec_module = exec_module  # type: ignore[method-assign]
-                return spec
-        return None
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 _hooks = _AfterImport()
@@ -119,18 +124,11 @@ class _RewrittenSource(importlib.abc.MetaPathFinder):
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         rewrite = self.rewrites.get(name)
-        if rewrite is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and isinstance(spec.loader, importlib.machinery.SourceFileLoader):
-                spec.loader = _RewritingLoader(name, spec.loader.path, rewrite)
-                return spec
-            if spec is not None:
-                return None
-        return None
+        spec = None if rewrite is None else _spec_from_the_others(self, name, path, target)
+        if spec is None or rewrite is None or not isinstance(spec.loader, importlib.machinery.SourceFileLoader):
+            return None  # not named, or not compiled from a source file: left as it is
+        spec.loader = _RewritingLoader(name, spec.loader.path, rewrite)
+        return spec
 
 
 class _RewritingLoader(importlib.machinery.SourceFileLoader):
