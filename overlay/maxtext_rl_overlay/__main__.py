@@ -30,6 +30,7 @@ from .patching import ENGINES
 from .pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
 from .rebase.command import command as rebase_command
 from .rebase.options import request_from_args
+from .smoke import configurations as smoke_configurations
 from .smoke import report as smoke_report
 from .smoke.run import SmokeOptions
 from .testmatrix import PLATFORMS, MatrixOptions
@@ -187,6 +188,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the results as JSON to FILE (docs/reports.md)")
     s.add_argument("--timeout", type=_seconds_arg, default=SmokeOptions.timeout, metavar="SECONDS",
                    help="for each engine process, start and generates (default: %(default).0f); past it the check names the step")
+    s.add_argument("--configuration", action="append", default=[], choices=[c.name for c in smoke_configurations.SMOKE], metavar="NAME",
+                   help="run this configuration only (repeat for more; default: every one: "
+                        f"{', '.join(c.name for c in smoke_configurations.SMOKE)}); the others are reported as not selected")
     runs(s, smoke_report.command, SmokeOptions.from_args)
 
     b = command("build", "build the overlay wheels, the index and constraints.txt from the pins", project)

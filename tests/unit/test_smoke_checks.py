@@ -4,8 +4,9 @@ yes and no to (the engine runs in tests/fixes/test_smoke.py)."""
 from __future__ import annotations
 
 import math
+import pathlib
 
-from maxtext_rl_overlay.smoke import checks, report
+from maxtext_rl_overlay.smoke import checks, configurations, report
 from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
 from maxtext_rl_overlay.smoke.run import Configuration, SmokeReport
 
@@ -200,3 +201,19 @@ def test_a_chips_table_says_the_precision_smoke_pinned_and_the_one_measured():
     assert NOTICE not in text
     simulated = report.render(SmokeReport(cpu_simulation=True, configurations=[Configuration("llama-device-indexes", precision="default")]))
     assert "pinned by smoke" not in simulated
+
+
+def test_maxtexts_engine_takes_the_pinned_precision_in_its_own_config():
+    """MaxText's layers pass their config's matmul_precision to every matmul
+    (jax's default does not override an explicit one): the engine's
+    maxtext_config carries the precision smoke pins, and the table says the
+    started engine cannot be measured at jax's default."""
+    maxtext = configurations.MAXTEXT
+    pinned = maxtext.additional_config(pathlib.Path("ckpt"), 1, "highest")["maxtext_config"]
+    assert pinned["matmul_precision"] == "highest" and pinned["load_parameters_path"] == str(pathlib.Path("ckpt") / "maxtext-params")
+    assert "matmul_precision" not in maxtext.additional_config(pathlib.Path("ckpt"), 1, None)["maxtext_config"]  # MaxText's own default
+    assert configurations.LLAMA.additional_config(pathlib.Path("ckpt"), 2, "highest") == configurations.device_indexes_config(2)
+    config = Configuration(maxtext.name, chips=1, precision="highest", checks=checks.synced(SECOND, SECOND, FIRST, "tpu", "MaxText's own forward"))
+    text = report.render(SmokeReport(cpu_simulation=False, configurations=[config]))
+    assert (f"{maxtext.name}: the checks ran at matmul precision 'highest', pinned by smoke; no row at jax's default: "
+            f"{maxtext.precision_at_build}, so a started engine keeps it") in text, text

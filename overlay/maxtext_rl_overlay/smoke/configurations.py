@@ -35,8 +35,9 @@ class EngineConfiguration:
     summary: str
     #: Set in the engine process before tpu_inference is imported.
     environment: Mapping[str, str]
-    #: vLLM's `additional_config`, for (checkpoint, chips).
-    additional_config: Callable[[pathlib.Path, int], dict[str, Any]]
+    #: vLLM's `additional_config`, for (checkpoint, chips, the matmul
+    #: precision smoke pins for the engine; None: jax's default).
+    additional_config: Callable[[pathlib.Path, int, str | None], dict[str, Any]]
     #: vLLM's `hf_overrides`: the model's architecture where it is not the checkpoint's.
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: What the engine's generates are checked against, in words.
@@ -45,6 +46,10 @@ class EngineConfiguration:
     sync: SecondModelSync | None = None
     #: vLLM's arguments that differ from engine.llm_kwargs'.
     llm_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Where the model takes its matmul precision from additional_config when
+    #: it is built, not from jax's default: why the engine, once started,
+    #: cannot be switched to jax's default (no row at it). "": it can.
+    precision_at_build: str = ""
 
 
 def device_indexes_config(chips: int) -> dict[str, Any]:
@@ -58,7 +63,7 @@ LLAMA = EngineConfiguration(
     name="llama-device-indexes",
     summary="vLLM's Llama on Tunix's device_indexes 2D mesh",
     environment={},
-    additional_config=lambda _checkpoint, chips: device_indexes_config(chips),
+    additional_config=lambda _checkpoint, chips, _precision: device_indexes_config(chips),
     sync=SecondModelSync("Tunix's VllmSampler.update_params: transfer_state_with_mappings from Tunix's Llama3", sync.tunix_llama),
 )
 #: MaxText's model as train_rl's maxtext_on_vllm runs it: MaxTextForCausalLM,
@@ -68,11 +73,13 @@ MAXTEXT = EngineConfiguration(
     name="maxtext-new-model-design",
     summary="MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
     environment={"NEW_MODEL_DESIGN": "1"},
-    additional_config=lambda checkpoint, _chips: maxtext_model.engine_additional_config(checkpoint),
+    additional_config=lambda checkpoint, _chips, precision: maxtext_model.engine_additional_config(checkpoint, precision),
     overrides={"architectures": ["MaxTextForCausalLM"]},
     reference="MaxText's own forward",
     sync=SecondModelSync("MaxText's MaxTextVllmSampler.load_checkpoint: transfer_state_directly unstacks the scanned actor's "
                          "whole state (no pre-unroll, as Tunix's VllmRollout loads it)", sync.maxtext_actor),
+    precision_at_build="MaxText's layers take matmul_precision from its config (smoke sets it to the pinned precision) "
+                       "and pass it to every matmul when the model is built",
 )
 #: What smoke runs, in this order.
 SMOKE = (LLAMA, MAXTEXT)

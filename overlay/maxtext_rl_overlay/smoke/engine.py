@@ -121,7 +121,7 @@ class Engine:
             # (the model's steps, the sampler) takes it.
             jax.config.update("jax_default_matmul_precision", self.precision)
         self.result.precision = self.precision or "default"
-        self.additional_config = self.configuration.additional_config(self.checkpoint, self.result.chips)
+        self.additional_config = self.configuration.additional_config(self.checkpoint, self.result.chips, self.precision)
         os.environ.update(self.configuration.environment)
         if self.cpu_simulation:
             from . import pallas_interpret

@@ -112,10 +112,16 @@ ENGINE_EMBEDDING_SCALE = 0.25
 _ENGINE_PRECISION = {"weight_dtype": "float32", "dtype": "float32"}
 
 
-def engine_additional_config(checkpoint: pathlib.Path) -> dict[str, Any]:
+def engine_additional_config(checkpoint: pathlib.Path, matmul_precision: str | None = None) -> dict[str, Any]:
     """vLLM's `additional_config` for MaxTextForCausalLM on `checkpoint`, as
     train_rl passes it (`maxtext_config`), with the checkpoint to load
-    (`load_parameters_path`: MaxTextForCausalLM.load_weights restores it)."""
+    (`load_parameters_path`: MaxTextForCausalLM.load_weights restores it).
+
+    `matmul_precision`: MaxText's setting of that name (None: its default,
+    "default", train_rl's). MaxText's layers pass it to every matmul as an
+    explicit `precision`, which jax_default_matmul_precision does not
+    override (jax reads its default only where a matmul names none), and
+    bake it in when the model is built."""
     return {
         "maxtext_config": {
             "model_name": ENGINE_MODEL_NAME,
@@ -123,6 +129,7 @@ def engine_additional_config(checkpoint: pathlib.Path) -> dict[str, Any]:
             "override_model_config": True,
             **ENGINE_DIMS,
             **_ENGINE_PRECISION,
+            **({"matmul_precision": matmul_precision} if matmul_precision else {}),
             "load_parameters_path": str(checkpoint / ENGINE_PARAMS),
         }
     }

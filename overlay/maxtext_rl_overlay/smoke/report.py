@@ -11,10 +11,10 @@ import pathlib
 from .. import reports, tables
 from ..errors import OverlayError
 from ..verdict import Command, Said, write_report
-from . import checks
+from . import checks, configurations
 from .cpu_simulation import NOTICE
 from .engine import HOST_STAND_IN
-from .run import BrokenStack, CannotRun, SmokeOptions, SmokeReport, smoke
+from .run import BrokenStack, CannotRun, Configuration, SmokeOptions, SmokeReport, smoke
 
 
 def _seconds(value: float | None) -> str:
@@ -44,9 +44,7 @@ def render(report: SmokeReport) -> str:
         rows.append((name, "-", "-", "-", "-", "-", "skipped", why + (f"  [{NOTICE}]" if report.cpu_simulation else "")))
     lines = [tables.render(rows)]
     lines += [f"{c.name}: the second model synced by {c.sync_path}" for c in report.configurations if c.sync_path]
-    lines += [f"{c.name}: the checks ran at matmul precision {c.precision!r}, pinned by smoke; the '{checks.DEFAULT_PRECISION}' rows "
-              f"at jax's default (train_rl's), within {checks.DEFAULT_PRECISION_BOUND}"
-              for c in report.configurations if c.precision and c.precision != "default"]
+    lines += [_precision_line(c) for c in report.configurations if c.precision and c.precision != "default"]
     stand_ins = sorted({s for c in report.configurations for s in c.stand_ins if not s.startswith(HOST_STAND_IN + ": ")})
     if stand_ins:
         lines.append(f"\n{NOTICE}: the TPU kernels ran interpreted on the CPU ({'; '.join(stand_ins)}).")
@@ -54,6 +52,16 @@ def render(report: SmokeReport) -> str:
     if host:
         lines.append(f"\nThe TPU cell's host stand-ins were active (docs/tpu-cell.md): {'; '.join(host)}.")
     return "\n".join(lines)
+
+
+def _precision_line(config: Configuration) -> str:
+    """What precision a configuration's checks ran at, and whether it was
+    measured at jax's default too (train_rl's)."""
+    pinned = f"{config.name}: the checks ran at matmul precision {config.precision!r}, pinned by smoke"
+    at_build = configurations.named(config.name).precision_at_build
+    if at_build:
+        return f"{pinned}; no row at jax's default: {at_build}, so a started engine keeps it"
+    return f"{pinned}; the '{checks.DEFAULT_PRECISION}' rows at jax's default (train_rl's), within {checks.DEFAULT_PRECISION_BOUND}"
 
 
 #: How smoke ended: its report, or the error that ended it before one; None: not yet.

@@ -55,10 +55,15 @@ class SmokeOptions:
     timeout: float = 900.0  # one engine process's bound, start and every generate (the CLI's default too)
     python: str = sys.executable
     json: pathlib.Path | None = None  # where the report goes (smoke/report.py, docs/reports.md)
+    #: The configurations to run, by name (configurations.SMOKE); empty: every one.
+    configurations: tuple[str, ...] = ()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SmokeOptions:
-        return cls(cpu_simulation=args.cpu_simulation, timeout=args.timeout, json=args.json)
+        return cls(cpu_simulation=args.cpu_simulation, timeout=args.timeout, json=args.json, configurations=tuple(args.configuration))
+
+    def runs(self, configuration: EngineConfiguration) -> bool:
+        return not self.configurations or configuration.name in self.configurations
 
 
 @dataclasses.dataclass
@@ -107,26 +112,35 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
         work = pathlib.Path(tmp)
         # MaxText's models and references are made on the host CPU while the
         # Llama's engine holds the chips: off the critical path.
-        maxtext = _MaxTextReference(opts, work) if importlib.util.find_spec("maxtext") is not None else None
-        if maxtext is None:
-            report.skipped[configurations.MAXTEXT.name] = "maxtext not installed"
+        for configuration in configurations.SMOKE:
+            if not opts.runs(configuration):
+                report.skipped[configuration.name] = "not selected (--configuration)"
+        maxtext = None
+        if opts.runs(configurations.MAXTEXT):
+            if importlib.util.find_spec("maxtext") is not None:
+                maxtext = _MaxTextReference(opts, work)
+            else:
+                report.skipped[configurations.MAXTEXT.name] = "maxtext not installed"
         try:
-            with step("smoke", "making two tiny Llamas here (the engine's, the one synced into it) and transformers' greedy reference on each"):
-                first = tiny_llama.write_checkpoint(work / "tiny-llama-first", tiny_llama.SEEDS[0])
-                second = tiny_llama.write_checkpoint(work / "tiny-llama-second", tiny_llama.SEEDS[1], tiny_llama.CONSTANTS_SPREAD)
-                first_reference, second_reference = (
-                    tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
-                )
-            report.configurations.append(
-                _configuration(opts, configurations.LLAMA, work, (first, first_reference), (second, second_reference),
-                               lambda rows: tiny_llama.reference_logits(first, checks.SAMPLED_PROMPT, rows))
-            )
+            if opts.runs(configurations.LLAMA):
+                report.configurations.append(_llama_configuration(opts, work))
             if maxtext is not None:
                 report.configurations.append(_maxtext_configuration(opts, work, maxtext))
         finally:
             if maxtext is not None:
                 maxtext.stop()
     return report
+
+
+def _llama_configuration(opts: SmokeOptions, work: pathlib.Path) -> Configuration:
+    with step("smoke", "making two tiny Llamas here (the engine's, the one synced into it) and transformers' greedy reference on each"):
+        first = tiny_llama.write_checkpoint(work / "tiny-llama-first", tiny_llama.SEEDS[0])
+        second = tiny_llama.write_checkpoint(work / "tiny-llama-second", tiny_llama.SEEDS[1], tiny_llama.CONSTANTS_SPREAD)
+        first_reference, second_reference = (
+            tiny_llama.reference_greedy(c, tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS) for c in (first, second)
+        )
+    return _configuration(opts, configurations.LLAMA, work, (first, first_reference), (second, second_reference),
+                          lambda rows: tiny_llama.reference_logits(first, checks.SAMPLED_PROMPT, rows))
 
 
 #: The TPU cell's stand-in for a host that refuses inet sockets (docs/tpu-cell.md), by name.
@@ -266,13 +280,14 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
     request = work / f"{name}.request.json"
     result_path = work / f"{name}.result.json"
     # On a chip the gate's generates run at checks.GATE_PRECISION and jax's
-    # default precision is measured last (checks.py's error model); the CPU
-    # computes float32 matmuls in float32 at either.
+    # default precision is measured last (checks.py's error model), where the
+    # engine can switch to it; the CPU computes float32 matmuls in float32 at either.
     on_chip = not opts.cpu_simulation
+    at_default = on_chip and not configuration.precision_at_build
     request.write_text(
         Request(name, str(checkpoint), opts.cpu_simulation, checks.generates(), SecondModel(str(second_checkpoint), checks.after_sync()),
                 precision=checks.GATE_PRECISION if on_chip else None,
-                at_default_precision=checks.at_default_precision() if on_chip else []).to_json()
+                at_default_precision=checks.at_default_precision() if at_default else []).to_json()
     )
     with step("smoke", f"{name}: starting the engine on all chips, generating, syncing the second model, generating"):
         try:
@@ -311,7 +326,7 @@ def _configuration(opts: SmokeOptions, configuration: EngineConfiguration, work:
         config.checks.append(CheckResult("weight sync", False, f"stopped in {result.step}: {result.stopped}"))
         return config
     config.checks += checks.synced(result.generates["synced"], second_reference, reference, result.platform, by)
-    if on_chip:
+    if at_default:
         measured = result.generates.get(checks.DEFAULT_PRECISION)
         compiled, _ = result.compiles.get(f"generate {checks.DEFAULT_PRECISION}", (0, 0.0))
         config.checks += checks.default_precision(measured, second_reference, compiled, by) if measured is not None else [

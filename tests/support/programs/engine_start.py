@@ -88,7 +88,7 @@ MOE = "moe-tp1-ep8-dp-attention"
 CONFIGS = {
     "device-indexes": dataclasses.replace(configurations.LLAMA, name="device-indexes", sync=None),
     "new-model-design": EngineConfiguration("new-model-design", "vLLM's Llama on NEW_MODEL_DESIGN's 7-axis mesh",
-                                            {"NEW_MODEL_DESIGN": "1"}, lambda _checkpoint, _chips: {}),
+                                            {"NEW_MODEL_DESIGN": "1"}, lambda _checkpoint, _chips, _precision: {}),
     "maxtext": dataclasses.replace(configurations.MAXTEXT, name="maxtext", sync=None),
     # The configuration whose warm-up hung upstream's vocab-sharded sampler
     # (#3490, reverted in #3584): a MoE model (tiny_moe.py) with TP=1, EP=8
@@ -96,7 +96,7 @@ CONFIGS = {
     # tpu-inference's Llama 4 holds its parameters and KV cache in bfloat16.
     MOE: EngineConfiguration(
         MOE, "a tiny MoE with TP=1, EP=8 and data-parallel attention", {"NEW_MODEL_DESIGN": "1"},
-        lambda _checkpoint, _chips: {"sharding": {"sharding_strategy": {"tensor_parallelism": 1, "expert_parallelism": 8,
+        lambda _checkpoint, _chips, _precision: {"sharding": {"sharding_strategy": {"tensor_parallelism": 1, "expert_parallelism": 8,
                                                                          "enable_dp_attention": True}}},
         llm_args={"dtype": "bfloat16"}),
 }
