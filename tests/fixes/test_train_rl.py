@@ -34,8 +34,10 @@ Tunix and tpu-inference):
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import math
 import os
 import subprocess
 import sys
@@ -182,6 +184,9 @@ def test_train_rl_on_the_overlay(overlay_run, record_property):
     result = overlay_run
     record_property("steps", summary(result))
     record_property("phase_seconds", json.dumps(result.get("phase_seconds")))
+    record_property("actor_loss", json.dumps(result.get("checks", {}).get("actor_loss")))
+    with contextlib.suppress(KeyError, ValueError):  # a run that stopped before its probes: its failure says where
+        record_property("engine_logprobs_moved", f"{probe_moved(result):.3e}")
     if tunix_is_the_standin():
         check_standin_stop(result)
         return
@@ -203,11 +208,11 @@ def check_trained(result):
     """Two GRPO steps ran, each ending with its weight sync into the engine;
     MaxText's test's checks and ours hold."""
     checks = result["checks"]
+    assert result.get("finished"), describe(result)
     # Before training: the engine started, was given the actor's weights,
     # rolled out and was evaluated (the TPU attention kernel interpreted).
     check_metrics(checks["metrics_before"])
     assert checks["probe_before"] and all(abs(v) < 1e4 for v in checks["probe_before"]), describe(result)
-    assert result.get("finished"), describe(result)
     if PLATFORM == "cpu":
         check_transfer_guard_stand_in(result)
     else:  # the chips: the kernels compiled, Tunix's sync as it is, no stand-in of the run's own
@@ -219,11 +224,21 @@ def check_trained(result):
     assert checks["actor_differs_from_reference"], describe(result)
     # Two GRPO steps, each ending with a weight sync into the rollout engine.
     assert result["global_steps"] == 2 and len(result["grpo_step_seconds"]) == 2, describe(result)
+    # The actor's loss, as Tunix logged it: a value at each of its steps, every one finite.
+    losses = checks.get("actor_loss")
+    assert losses and all(math.isfinite(v) for v in losses), (losses, describe(result))
     # The engine got the trained weights: its logprobs of the same tokens moved.
     before, after = checks["probe_before"], checks["probe_after"]
     assert len(before) == len(after) > 0 and all(abs(v) < 1e4 for v in before + after), (before, after)
-    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-3, (before, after)
+    assert probe_moved(result) > 1e-3, (before, after)
     check_phases(result)
+
+
+def probe_moved(result) -> float:
+    """How far the engine's logprobs of the fixed sequence moved between
+    before and after training (the largest change of one)."""
+    before, after = result["checks"]["probe_before"], result["checks"]["probe_after"]
+    return max(abs(a - b) for a, b in zip(before, after, strict=True))
 
 
 def check_phases(result):

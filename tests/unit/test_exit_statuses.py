@@ -197,6 +197,11 @@ def test_a_tpu_held_by_another_process_is_said_so_where_jax_raises_instead_of_fa
     assert answer["backend"] is None and "already in use by process with pid 4242" in answer["backend_error"], answer
     with pytest.raises(run.CannotRun, match="the TPU is held by another process.*pid 4242"):
         run._probe(_fake_python(tmp_path, json.dumps(answer)), ask_backend=True)
+    # The other form the chip gave (a holder started by another pytest): libtpu could not take its lockfile.
+    locked = dict(answer, backend_error="RuntimeError: Unable to initialize backend 'tpu': ABORTED: Internal error when accessing "
+                  "libtpu multi-process lockfile. Run \"$ sudo rm /tmp/libtpu_lockfile\".")
+    with pytest.raises(run.CannotRun, match="the TPU is held by another process.*lockfile.*a dead one's: remove it"):
+        run._probe(_fake_python(tmp_path, json.dumps(locked)), ask_backend=True)
     other = dict(answer, backend_error="RuntimeError: Unable to initialize backend 'tpu': INTERNAL: no chips")
     with pytest.raises(run.BrokenStack, match="jax imports but cannot open a backend: RuntimeError: .*no chips"):
         run._probe(_fake_python(tmp_path, json.dumps(other)), ask_backend=True)

@@ -433,3 +433,62 @@ def test_the_cell_on_a_chip():
 def test_the_host_runs_its_probe_as_the_tool_runs_probes():
     """tpucell/host.py stands alone on the host and says probes.RUN again: the two must not drift."""
     assert host.RUN_PROBE == probes.RUN
+
+
+def test_a_stand_in_hook_beside_a_finder_that_asks_every_other_finder_runs_once_and_does_not_recurse(tmp_path):
+    """The train_rl run's import snapshots (support/fixes/replaced.py) ask
+    every other finder for a module, as the stand-ins' hook finder does: on
+    the chip the two asked each other until Python's recursion limit, and
+    train_rl stopped in its imports. Whichever comes first in sys.meta_path,
+    the module imports, the hook runs, and the snapshot is taken."""
+    (tmp_path / "tunix").mkdir()
+    (tmp_path / "tunix" / "__init__.py").write_text("VALUE = 1\n")
+    program = f"""
+import importlib.util, sys
+sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT / 'tests')!r}]
+spec = importlib.util.spec_from_file_location("mrl_stand_ins", {str(STAND_INS / 'sitecustomize.py')!r})
+stand_ins = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(stand_ins)
+from support.fixes.replaced import ImportSnapshots
+hooked, snapshots = [], ImportSnapshots()
+stand_ins._hooks.hooks["tunix"] = lambda module: hooked.append(module.VALUE)
+order = [snapshots, stand_ins._hooks] if sys.argv[1] == "snapshots-first" else [stand_ins._hooks, snapshots]
+sys.meta_path[:0] = order
+import tunix
+print(hooked, sorted(snapshots.snapshots))
+"""
+    for order in ("snapshots-first", "hook-first"):
+        done = subprocess.run([sys.executable, "-c", program, order], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (order, done.stderr[-2000:])
+        assert done.stdout.split("\n")[0] == "[1] ['tunix']", (order, done.stdout)
+
+
+def test_the_cells_pytest_plugin_counts_a_setup_only_for_a_test_that_makes_its_fixtures_anew(monkeypatch):
+    """On the chip the cell stopped after a train_rl run's first test (161 s,
+    its module fixture's run included) where the next tests, on the same run,
+    take a second: the plugin estimates the next test by the longest call,
+    and adds the longest setup only where the next test's module or
+    parameters differ (its fixtures are made anew)."""
+    import types
+
+    monkeypatch.setattr(host, "_longest", {"setup": 0.0, "call": 0.0})
+    for when, seconds in (("setup", 150.0), ("call", 11.0), ("teardown", 99.0)):
+        host.pytest_runtest_logreport(types.SimpleNamespace(when=when, duration=seconds))
+    assert host._longest == {"setup": 150.0, "call": 11.0}
+    module, other = object(), object()
+
+    def test(params: dict, in_module: object = module) -> types.SimpleNamespace:
+        return types.SimpleNamespace(module=in_module, callspec=types.SimpleNamespace(params=params),
+                                     session=types.SimpleNamespace(shouldstop=False))
+
+    monkeypatch.setenv(host.STOP_AT_VARIABLE, str(time.time() + 100))
+    first = test({"overlay_run": "maxtext_on_vllm"})
+    host.pytest_runtest_teardown(first, test({"overlay_run": "maxtext_on_vllm"}))
+    assert first.session.shouldstop is False, "the same run: a call's time fits"
+    for anew in (test({"overlay_run": "vllm_native"}), test({"overlay_run": "maxtext_on_vllm"}, other)):
+        host.pytest_runtest_teardown(first, anew)
+        assert isinstance(first.session.shouldstop, str) and first.session.shouldstop.startswith(host.STOPPED), first.session.shouldstop
+        assert "the next test could take 161 s" in first.session.shouldstop
+        first.session.shouldstop = False
+    host.pytest_runtest_teardown(first, None)
+    assert first.session.shouldstop is False, "no next test: nothing to stop"

@@ -34,8 +34,10 @@ NEEDED = {"jax": "jax", "vllm": "vllm", "tpu_inference": "tpu-inference", "tunix
 #: What a broken install shows first, imported each alone in a fresh process
 #: before any work: the reference's torch and transformers, and jax.
 PROBED = ("jax", "torch", "transformers")
-#: What libtpu says when another process holds the chips.
-TPU_HELD = ("already in use", "Device or resource busy")
+#: What libtpu says when another process holds the chips: either of the
+#: first two, or (libtpu 0.0.42 on a v5e, measured when the holder was
+#: another pytest's child) that it could not take its multi-process lockfile.
+TPU_HELD = ("already in use", "Device or resource busy", "libtpu multi-process lockfile")
 
 
 class CannotRun(OverlayError):
@@ -257,7 +259,8 @@ def _probe(python: str, ask_backend: bool) -> str | None:
     said = [refusal] if refusal else []
     held = [line.strip() for line in [*said, *done.stderr.splitlines()] if any(sign in line for sign in TPU_HELD)]
     if ask_backend and answer["backend"] != "tpu" and held:
-        raise CannotRun(f"the TPU is held by another process, so jax could not open it: {held[0][:300]}. Stop that process, then run smoke again.")
+        raise CannotRun(f"the TPU is held by another process, so jax could not open it: {held[0][:300]}. Stop that process, then run "
+                        "smoke again (where libtpu names its lockfile and no process holds the chips, the file is a dead one's: remove it).")
     if refusal:
         raise BrokenStack(f"jax imports but cannot open a backend: {refusal}")
     backend: str | None = answer["backend"]

@@ -461,24 +461,36 @@ STOP_AT_VARIABLE = "MRL_TPU_CELL_STOP_AT"
 STOPPED = "tpu-cell: stopped before the step's bound"
 #: A test is started only where the bound leaves the longest test so far this much more.
 STOP_MARGIN_SECONDS = 10.0
-_longest_test = 0.0
-_test_began = 0.0
+#: The longest setup and the longest call so far, in seconds (pytest's own durations).
+_longest = {"setup": 0.0, "call": 0.0}
 
 
-def pytest_runtest_setup(item: Any) -> None:
-    global _test_began
-    _test_began = time.time()
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.when in _longest:
+        _longest[report.when] = max(_longest[report.when], report.duration)
+
+
+def _shares_its_fixtures(item: Any, nextitem: Any) -> bool:
+    """Whether `nextitem` runs on the fixtures `item` set up (the same module
+    and the same parameters: a module-scoped fixture such as a train_rl run
+    is not made again), so that it costs a call, not a setup."""
+    def params(test: Any) -> Any:
+        return getattr(getattr(test, "callspec", None), "params", {})
+
+    return bool(item.module is nextitem.module and params(item) == params(nextitem))
 
 
 def pytest_runtest_teardown(item: Any, nextitem: Any) -> None:
-    """Stop the session where the next test, as long as the longest so far,
-    would run past the step's bound: killed there, pytest would write no record."""
-    global _longest_test
+    """Stop the session where the next test, as long as the longest so far
+    (its call alone where it shares this one's fixtures), would run past the
+    step's bound: killed there, pytest would write no record."""
+    if nextitem is None:
+        return
     now = time.time()
-    _longest_test = max(_longest_test, now - _test_began)
+    estimate = _longest["call"] + (0.0 if _shares_its_fixtures(item, nextitem) else _longest["setup"])
     stop_at = float(os.environ.get(STOP_AT_VARIABLE, "inf"))
-    if nextitem is not None and stop_at - now < _longest_test + STOP_MARGIN_SECONDS:
-        item.session.shouldstop = f"{STOPPED}: {stop_at - now:.0f} s left, the longest test took {_longest_test:.0f} s"
+    if stop_at - now < estimate + STOP_MARGIN_SECONDS:
+        item.session.shouldstop = f"{STOPPED}: {stop_at - now:.0f} s left, the next test could take {estimate:.0f} s"
 
 
 def junit_counts(path: pathlib.Path) -> dict[str, int]:

@@ -43,6 +43,7 @@ import importlib.machinery
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -76,15 +77,28 @@ class _Empty(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _empty = _Empty()
 
 
+#: The (finder, module) lookups under way in this thread: a finder that asks
+#: every other finder (the train_rl run's import snapshots do too) is asked
+#: back while it asks, and answers nothing then, rather than recursing.
+_asking = threading.local()
+
+
 def _spec_from_the_others(me: importlib.abc.MetaPathFinder, name: str, path: Any, target: Any) -> importlib.machinery.ModuleSpec | None:
-    """The spec the finders after `me` would give `name` (the first with a loader): what the stand-in's finder wraps."""
-    for finder in sys.meta_path:
-        if finder is me or not hasattr(finder, "find_spec"):
-            continue
-        spec = finder.find_spec(name, path, target)
-        if spec is not None and spec.loader is not None:
-            return spec
-    return None
+    """The spec the other finders would give `name` (the first with a loader): what the stand-in's finder wraps."""
+    asking: set[tuple[int, str]] = _asking.__dict__.setdefault("lookups", set())
+    if (id(me), name) in asking:
+        return None
+    asking.add((id(me), name))
+    try:
+        for finder in sys.meta_path:
+            if finder is me or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                return spec
+        return None
+    finally:
+        asking.discard((id(me), name))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

@@ -393,6 +393,7 @@ def train(run: Run, t: Trainer) -> None:
         checks["actor_differs_from_reference"] = not same(ref_final, actor_final)
         checks["replaced_after_train"] = run.replaced()
         run.result["global_steps"] = t.cluster.global_steps
+        checks["actor_loss"] = actor_losses(t.cluster)
 
     try:
         with run.step("train"):
@@ -402,6 +403,17 @@ def train(run: Run, t: Trainer) -> None:
         with contextlib.suppress(Exception):
             with jax.transfer_guard("allow"):
                 compare_parameters()
+
+
+def actor_losses(cluster) -> list[float]:
+    """The actor's training loss at each of its steps, as Tunix's own
+    trainer logged it (its metrics logger's history, train mode)."""
+    import numpy as np
+    from tunix.sft.metrics_logger import Mode
+
+    trainer = cluster.actor_trainer
+    history = trainer.metrics_logger.get_metric_history(trainer.metrics_prefix, "loss", Mode.TRAIN)
+    return [float(v) for v in np.ravel(history)]
 
 
 if __name__ == "__main__":
