@@ -63,8 +63,8 @@ from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.staging import FileOwner, check_replaceable_file, write_atomically
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.core.staging import FileOwner, check_replaceable_file, write_atomically
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The upstreams whose release tags the refresh follows (vLLM's pin follows

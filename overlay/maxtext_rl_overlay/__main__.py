@@ -22,8 +22,9 @@ from typing import Any
 # Every stage at module level: none imports jax, torch or transformers at
 # import time (smoke's engine and references import them in the processes
 # they start), so --help stays fast.
-from . import __version__, build, buildcache, interrupts, lint, output, sources, staging, testmatrix, verify
-from .errors import ExitCode, OverlayError, UsageError
+from . import __version__, build, buildcache, lint, sources, testmatrix, verify
+from .core import interrupts, output, staging
+from .core.errors import ExitCode, OverlayError, UsageError
 from .indexpages import base_url
 from .options import cutoff_now, cutoff_value, named_source, project_root
 from .patching import ENGINES

@@ -49,11 +49,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from . import buildcache, cachekeys, probes
+from .core.errors import OverlayError
+from .core.output import step
+from .core.proc import run
+from .core.staging import write_atomically
 from .environment import Torch
-from .errors import OverlayError
-from .output import step
-from .proc import run
-from .staging import write_atomically
 
 #: Bumped when what a kept build environment's record says changes.
 BUILDENV_CACHE_FORMAT = 2

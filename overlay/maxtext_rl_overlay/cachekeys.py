@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from . import probes, proc
+from . import probes
+from .core import proc
 
 
 def key(inputs: dict[str, Any]) -> str:

@@ -25,9 +25,9 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from . import registry
-from .errors import OverlayError
+from .core.errors import OverlayError
+from .core.output import step
 from .options import maxtext_requirement
-from .output import step
 from .pins import Project
 
 #: What the stack runs on: a TPU VM (x86_64 Linux, Python 3.12). The closure

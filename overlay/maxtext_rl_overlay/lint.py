@@ -8,7 +8,7 @@ from __future__ import annotations
 import pathlib
 
 from . import patchfile, testmatrix
-from .errors import ExitCode
+from .core.errors import ExitCode
 from .pins import load_project
 
 

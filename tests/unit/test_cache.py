@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from maxtext_rl_overlay import buildcache, buildenv, cachekeys
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
 
 #: One builder: buildenv.prepare of one entry, with the slow venv making
@@ -205,7 +205,8 @@ def test_a_cached_source_tree_edited_in_the_cache_is_made_again(tmp_path, capsys
     git repository (checked out file by file) and from a source tree (copied)."""
     import dataclasses
 
-    from maxtext_rl_overlay import gittree, sources
+    from maxtext_rl_overlay import sources
+    from maxtext_rl_overlay.core import gittree
     from maxtext_rl_overlay.pins import load_project
 
     repo = tmp_path / "upstream"

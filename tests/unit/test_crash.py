@@ -16,7 +16,8 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import publication, staging
+from maxtext_rl_overlay import publication
+from maxtext_rl_overlay.core import staging
 
 MARK = "MARK"
 
@@ -24,7 +25,8 @@ MARK = "MARK"
 #: file beside it, as a build publishes them, and SIGKILL itself at `point`.
 CHILD = textwrap.dedent('''
     import contextlib, os, pathlib, signal, sys
-    from maxtext_rl_overlay import publication, staging
+    from maxtext_rl_overlay import publication
+    from maxtext_rl_overlay.core import staging
     top, point, exchange = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
     def die(at):
         if at == point:

@@ -11,7 +11,7 @@ import zipfile
 import pytest
 
 from maxtext_rl_overlay import wheels
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import options, pins
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.pins import load_project
 from support import ROOT
 

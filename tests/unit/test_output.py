@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import output, proc, staging
+from maxtext_rl_overlay.core import output, proc, staging
 
 
 def test_every_kind_of_line_has_its_prefix():

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from maxtext_rl_overlay import build, manifest, overlayfiles, wheels
+from maxtext_rl_overlay import build, overlayfiles, wheels
+from maxtext_rl_overlay.core import manifest
 from maxtext_rl_overlay.pins import load_project
 from support import ROOT
 

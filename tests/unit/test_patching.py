@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from maxtext_rl_overlay import gittree
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.core import gittree
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.patching import apply_series
 from maxtext_rl_overlay.pins import Pin
 from maxtext_rl_overlay.sources import Source

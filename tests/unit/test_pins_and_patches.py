@@ -11,8 +11,9 @@ import subprocess
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from maxtext_rl_overlay import constraintsfile, gittree, inputdigests, patchfile
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay import constraintsfile, inputdigests, patchfile
+from maxtext_rl_overlay.core import gittree
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
 from support import ROOT
 

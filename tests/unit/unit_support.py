@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from maxtext_rl_overlay import interrupts
+from maxtext_rl_overlay.core import interrupts
 from support.project import project_copy, set_pin
 
 #: The tool venv's uv (scripts/setup.sh installs it there).

@@ -11,8 +11,8 @@ import shutil
 from collections.abc import Callable
 
 from .. import patchfile
-from ..errors import OverlayError
-from ..git import git, out
+from ..core.errors import OverlayError
+from ..core.git import git, out
 from .state import Outcome, PatchEntry
 
 

@@ -7,9 +7,9 @@ import shutil
 from typing import NotRequired, TypedDict
 
 from .. import buildcache, sources
-from ..errors import OverlayError
-from ..git import git, out
-from ..output import step
+from ..core.errors import OverlayError
+from ..core.git import git, out
+from ..core.output import step
 from ..pins import Pin, load_project
 from . import upstream
 from .options import RebaseOptions

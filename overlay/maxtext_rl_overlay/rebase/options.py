@@ -10,7 +10,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from ..options import named_source
 from ..options import project_root as options_project_root
 from ..pins import DISTRIBUTIONS

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pathlib
 
-from ..errors import OverlayError
-from ..output import step
+from ..core.errors import OverlayError
+from ..core.output import step
 
 
 def rebuild(root: pathlib.Path, who: str, what: str, sources: dict[str, str], cache: str, standins: bool, *,

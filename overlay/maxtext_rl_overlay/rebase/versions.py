@@ -9,8 +9,8 @@ import re
 import tomllib
 from collections.abc import Callable
 
-from ..errors import OverlayError
-from ..git import git, out
+from ..core.errors import OverlayError
+from ..core.git import git, out
 from ..pins import Pin
 
 Rule = Callable[[Pin, pathlib.Path, str, str], tuple[str, str]]

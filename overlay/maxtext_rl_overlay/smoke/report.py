@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from .. import reports, tables
-from ..errors import OverlayError
+from .. import reports
+from ..core import tables
+from ..core.errors import OverlayError
 from ..verdict import Command, Said, write_report
 from . import checks, configurations
 from .cpu_simulation import NOTICE

@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import probes, proc
-from ..errors import CheckFailed, ExitCode, OverlayError, TimedOut
-from ..output import step
+from .. import probes
+from ..core import proc
+from ..core.errors import CheckFailed, ExitCode, OverlayError, TimedOut
+from ..core.output import step
 from . import checks, configurations, maxtext_model, tiny_llama
 from .checks import CheckResult
 from .configurations import EngineConfiguration

@@ -49,14 +49,15 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import buildcache, options, probes, proc, sources
+from .. import buildcache, options, probes, sources
 from ..constraintsfile import recorded_cutoff
-from ..digest import sha256_file
+from ..core import proc
+from ..core.digest import sha256_file
+from ..core.errors import ExitCode, OverlayError
+from ..core.output import step
+from ..core.staging import check_replaceable, scratch_dir, staged_dir
 from ..environment import TARGET_PLATFORM, TARGET_PYTHON
-from ..errors import ExitCode, OverlayError
-from ..output import step
 from ..pins import load_project
-from ..staging import check_replaceable, scratch_dir, staged_dir
 from . import host, hostindex, parts
 
 #: The file that marks a folder as a bundle (and holds its facts).
