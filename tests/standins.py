@@ -10,7 +10,8 @@ import argparse
 import pathlib
 import tomllib
 
-from maxtext_rl_overlay import buildcache, registry, sources
+from maxtext_rl_overlay import registry, sources
+from maxtext_rl_overlay.cache import buildcache
 
 TABLE = pathlib.Path(__file__).with_name("standins.toml")
 

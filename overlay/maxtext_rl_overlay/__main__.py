@@ -22,7 +22,8 @@ from typing import Any
 # Every stage at module level: none imports jax, torch or transformers at
 # import time (smoke's engine and references import them in the processes
 # they start), so --help stays fast.
-from . import __version__, build, buildcache, lint, sources, testmatrix, verify
+from . import __version__, build, lint, sources, testmatrix, verify
+from .cache import buildcache
 from .core import interrupts, output, staging
 from .core.errors import ExitCode, OverlayError, UsageError
 from .indexpages import base_url

@@ -19,7 +19,8 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import buildcache, buildenv, cachekeys, closures, constraintsfile, environment, indexpages, inputdigests, options, overlayfiles, sources, wheels
+from . import buildenv, closures, constraintsfile, environment, indexpages, inputdigests, options, overlayfiles, sources, wheels
+from .cache import buildcache, cachekeys
 from .core import gittree, interrupts, manifest, output, tomledit
 from .core.digest import sha256_file
 from .core.errors import ExitCode, OverlayError

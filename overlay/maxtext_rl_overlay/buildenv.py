@@ -48,7 +48,8 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys, probes
+from . import probes
+from .cache import buildcache, cachekeys
 from .core.errors import OverlayError
 from .core.output import step
 from .core.proc import run

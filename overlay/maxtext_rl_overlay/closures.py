@@ -38,7 +38,8 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys, options, sources
+from . import options, sources
+from .cache import buildcache, cachekeys
 from .core import proc
 from .core.digest import sha256_file
 from .core.errors import OverlayError

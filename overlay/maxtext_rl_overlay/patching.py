@@ -17,7 +17,8 @@ import shutil
 import tempfile
 from typing import Any, Literal, get_args
 
-from . import buildcache, cachekeys, patchfile
+from . import patchfile
+from .cache import buildcache, cachekeys
 from .core import gittree
 from .core.digest import sha256_file
 from .core.errors import OverlayError

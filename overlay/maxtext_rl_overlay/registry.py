@@ -29,7 +29,7 @@ from typing import Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import buildcache, cachekeys
+from .cache import buildcache, cachekeys
 from .core.digest import sha256_file
 from .core.errors import OverlayError
 from .core.output import step

@@ -20,7 +20,8 @@ import tarfile
 import zipfile
 from typing import Any
 
-from . import buildcache, options
+from . import options
+from .cache import buildcache
 from .core import gittree
 from .core.errors import OverlayError, TimedOut
 from .core.git import git, inside_package, reason, tree_entries

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from . import indexpages, options, reports
-from .cachekeys import python_version
+from .cache.cachekeys import python_version
 from .constraintsfile import recorded_cutoff
 from .core import output, proc, tables
 from .core.errors import OverlayError

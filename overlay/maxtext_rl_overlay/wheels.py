@@ -19,8 +19,8 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
+from .cache import buildcache, cachekeys
 from .core import gittree, tomledit
 from .core.digest import sha256_file
 from .core.errors import OverlayError

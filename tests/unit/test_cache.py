@@ -16,7 +16,8 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import buildcache, buildenv, cachekeys
+from maxtext_rl_overlay import buildenv
+from maxtext_rl_overlay.cache import buildcache, cachekeys
 from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
 

@@ -23,7 +23,8 @@ import time
 
 import pytest
 
-from maxtext_rl_overlay import buildcache, registry
+from maxtext_rl_overlay import registry
+from maxtext_rl_overlay.cache import buildcache
 from maxtext_rl_overlay.core import staging
 from maxtext_rl_overlay.core.digest import sha256_file
 from maxtext_rl_overlay.core.errors import OverlayError
@@ -37,7 +38,8 @@ CLEARED = "cleared what a stopped run left beside"
 #: Kills itself (SIGKILL) at argv[1], then runs argv[2] (Python) with argv[3:] as `args`.
 CHILD = textwrap.dedent('''
     import os, pathlib, signal, sys
-    from maxtext_rl_overlay import buildcache, registry
+    from maxtext_rl_overlay.cache import buildcache
+    from maxtext_rl_overlay import registry
     from maxtext_rl_overlay.core import staging
     point, code, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     def die():

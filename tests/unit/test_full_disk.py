@@ -18,7 +18,8 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import buildcache, buildenv, constraintsfile, indexpages, wheels
+from maxtext_rl_overlay import buildenv, constraintsfile, indexpages, wheels
+from maxtext_rl_overlay.cache import buildcache
 from maxtext_rl_overlay.core import staging
 from maxtext_rl_overlay.core.errors import ExitCode, OverlayError
 from support.project import project_copy

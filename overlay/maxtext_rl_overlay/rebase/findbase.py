@@ -6,7 +6,8 @@ import pathlib
 import shutil
 from typing import NotRequired, TypedDict
 
-from .. import buildcache, sources
+from .. import sources
+from ..cache import buildcache
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step

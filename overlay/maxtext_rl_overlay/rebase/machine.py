@@ -17,7 +17,8 @@ import shlex
 import shutil
 import time
 
-from .. import buildcache, patchfile, sources
+from .. import patchfile, sources
+from ..cache import buildcache
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step

@@ -54,7 +54,8 @@ import zipfile
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
-from .. import buildcache, closures, registry, sources
+from .. import closures, registry, sources
+from ..cache import buildcache
 from ..core import tomledit
 from ..core.errors import OverlayError
 from ..core.git import git

@@ -8,7 +8,7 @@ import os
 import pathlib
 import shutil
 
-from .. import buildcache
+from ..cache import buildcache
 from ..core.errors import OverlayError
 from ..core.git import git, inside_package, lock_file, missing_blobs, out, reason
 from ..core.output import step

@@ -49,7 +49,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import buildcache, options, probes, sources
+from .. import options, probes, sources
+from ..cache import buildcache
 from ..constraintsfile import recorded_cutoff
 from ..core import proc
 from ..core.digest import sha256_file
