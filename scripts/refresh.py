@@ -334,7 +334,7 @@ def _commit(message: str, paths: Iterable[str] = (), empty: bool = False) -> Non
 
 
 def _cutoff() -> str:
-    from maxtext_rl_overlay.pins import load_project
+    from maxtext_rl_overlay.config.pins import load_project
 
     return load_project(ROOT).resolution_cutoff
 
@@ -352,7 +352,7 @@ OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext-
 
 
 def _project_state() -> tuple[str, dict[str, str], dict[str, str]]:
-    from maxtext_rl_overlay.pins import load_project
+    from maxtext_rl_overlay.config.pins import load_project
 
     project = load_project(ROOT)
     extra = project.options.maxtext.extra
@@ -362,7 +362,7 @@ def _project_state() -> tuple[str, dict[str, str], dict[str, str]]:
 
 
 def _released_maxtext() -> list[str]:
-    from maxtext_rl_overlay import registry
+    from maxtext_rl_overlay.config import registry
 
     return [str(parse_wheel_filename(f["filename"])[1]) for f in registry.files("maxtext") if f["filename"].endswith(".whl")]
 
@@ -463,8 +463,8 @@ def _refresh(args: argparse.Namespace) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     old_cutoff = _cutoff()
     if not any(m.args[0] == "--maxtext" for m in moves):  # a rebase --maxtext moves the cutoff itself
-        from maxtext_rl_overlay.options import cutoff_now
-        from maxtext_rl_overlay.pins import set_resolution_cutoff
+        from maxtext_rl_overlay.config.options import cutoff_now
+        from maxtext_rl_overlay.config.pins import set_resolution_cutoff
 
         set_resolution_cutoff(ROOT, cutoff_now())
         _commit(f"Refresh: resolution-cutoff {old_cutoff} -> {_cutoff()}", ("pyproject.toml",))

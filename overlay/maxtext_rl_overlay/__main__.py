@@ -24,12 +24,12 @@ from typing import Any
 # they start), so --help stays fast.
 from . import __version__, build, lint, sources, testmatrix, verify
 from .cache import buildcache
+from .config.options import cutoff_now, cutoff_value, named_source, project_root
+from .config.pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
 from .core import interrupts, output, staging
 from .core.errors import ExitCode, OverlayError, UsageError
 from .indexpages import base_url
-from .options import cutoff_now, cutoff_value, named_source, project_root
 from .patching import ENGINES
-from .pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
 from .rebase.command import command as rebase_command
 from .rebase.options import request_from_args
 from .smoke import configurations as smoke_configurations

@@ -50,11 +50,11 @@ from packaging.utils import canonicalize_name
 
 from . import probes
 from .cache import buildcache, cachekeys
+from .config.environment import Torch
 from .core.errors import OverlayError
 from .core.output import step
 from .core.proc import run
 from .core.staging import write_atomically
-from .environment import Torch
 
 #: Bumped when what a kept build environment's record says changes.
 BUILDENV_CACHE_FORMAT = 2

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from . import closures, inputdigests
+from .config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .core.errors import OverlayError
 from .core.manifest import ProjectRecord
 from .core.staging import FileOwner
-from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
 from .indexpages import STANDIN_OVERRIDES
 
 #: The first line of every constraints file the tool writes: what lets a

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pathlib
 
 from . import patchfile, testmatrix
+from .config.pins import load_project
 from .core.errors import ExitCode
-from .pins import load_project
 
 
 def problems(root: pathlib.Path) -> tuple[int, list[str]]:

@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args
 
 from . import patchfile
 from .cache import buildcache, cachekeys
+from .config.pins import Pin
 from .core import gittree
 from .core.digest import sha256_file
 from .core.errors import OverlayError
@@ -28,7 +29,6 @@ from .core.output import step
 from .core.proc import output_tail
 from .core.staging import staged_dir
 from .patchfile import ZERO, PatchFile
-from .pins import Pin
 from .sources import Source
 
 #: The two ways of applying a series; they must give the same answers.

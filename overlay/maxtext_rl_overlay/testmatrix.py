@@ -20,15 +20,16 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import indexpages, options, reports
+from . import indexpages, reports
 from .cache.cachekeys import python_version
+from .config import options
+from .config.options import refuse_unknown
+from .config.pins import load_project
 from .constraintsfile import recorded_cutoff
 from .core import output, proc, tables
 from .core.errors import OverlayError
 from .core.output import step
 from .indexpages import STANDIN_OVERRIDES
-from .options import refuse_unknown
-from .pins import load_project
 from .smoke.cpu_simulation import DEVICES as DEVICES  # the devices every mesh of the matrix spans (a v6e-8)
 from .verdict import Command, Said, write_report
 

@@ -11,7 +11,7 @@ import re
 import pytest
 
 from maxtext_rl_overlay import constraintsfile
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
 from support.pipeline import build_standins
 
 pytestmark = pytest.mark.slow

@@ -52,7 +52,7 @@ import zipfile
 import pytest
 
 from maxtext_rl_overlay import sources
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
 from support.pipeline import ROOT
 
 TOOLS = ("podman", "buildah", "runc", "mmdebstrap")

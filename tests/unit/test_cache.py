@@ -27,7 +27,7 @@ from support import ROOT
 BUILDER = textwrap.dedent("""
     import pathlib, sys, time
     from maxtext_rl_overlay import buildenv
-    from maxtext_rl_overlay.environment import Torch
+    from maxtext_rl_overlay.config.environment import Torch
 
     cache, tree, log, toolchain = (pathlib.Path(a) for a in sys.argv[1:5])
 
@@ -207,8 +207,8 @@ def test_a_cached_source_tree_edited_in_the_cache_is_made_again(tmp_path, capsys
     import dataclasses
 
     from maxtext_rl_overlay import sources
+    from maxtext_rl_overlay.config.pins import load_project
     from maxtext_rl_overlay.core import gittree
-    from maxtext_rl_overlay.pins import load_project
 
     repo = tmp_path / "upstream"
     (repo / "tpu_inference").mkdir(parents=True)

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
+from maxtext_rl_overlay.config.pins import load_project
 from maxtext_rl_overlay.core import proc, staging
 from maxtext_rl_overlay.core.errors import ExitCode, OverlayError, ProgramMissing, TimedOut
-from maxtext_rl_overlay.pins import load_project
 from support import ROOT
 
 

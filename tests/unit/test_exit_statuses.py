@@ -17,8 +17,8 @@ import pytest
 
 from maxtext_rl_overlay import __main__ as cli
 from maxtext_rl_overlay import lint, testmatrix
+from maxtext_rl_overlay.config.pins import load_project
 from maxtext_rl_overlay.core.errors import ExitCode
-from maxtext_rl_overlay.pins import load_project
 from maxtext_rl_overlay.reports import load_report
 from maxtext_rl_overlay.smoke import report as smoke_report
 from support import ROOT

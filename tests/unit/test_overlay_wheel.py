@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from maxtext_rl_overlay import build, overlayfiles, wheels
+from maxtext_rl_overlay.config.pins import load_project
 from maxtext_rl_overlay.core import manifest
-from maxtext_rl_overlay.pins import load_project
 from support import ROOT
 
 STRAY = "overlay/maxtext_rl_overlay/stray.py"

@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
+from maxtext_rl_overlay.config.pins import Pin
 from maxtext_rl_overlay.core import gittree
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.patching import apply_series
-from maxtext_rl_overlay.pins import Pin
 from maxtext_rl_overlay.sources import Source
 
 ENGINES = ["git", "patch-ng"]

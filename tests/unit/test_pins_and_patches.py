@@ -12,9 +12,9 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from maxtext_rl_overlay import constraintsfile, inputdigests, patchfile
+from maxtext_rl_overlay.config.pins import DISTRIBUTIONS, load_project, read_series
 from maxtext_rl_overlay.core import gittree
 from maxtext_rl_overlay.core.errors import OverlayError
-from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
 from support import ROOT
 
 PROJECT = load_project(ROOT)

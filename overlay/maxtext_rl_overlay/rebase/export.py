@@ -14,9 +14,9 @@ import dataclasses
 import pathlib
 import re
 
+from ..config.pins import Pin, load_project, set_pin_values
 from ..core.git import git, out
 from ..core.staging import recover, write_atomically
-from ..pins import Pin, load_project, set_pin_values
 from . import versions
 from .state import PatchEntry, PinValues, RebaseState
 

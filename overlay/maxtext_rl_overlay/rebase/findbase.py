@@ -8,10 +8,10 @@ from typing import NotRequired, TypedDict
 
 from .. import sources
 from ..cache import buildcache
+from ..config.pins import Pin, load_project
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step
-from ..pins import Pin, load_project
 from . import upstream
 from .options import RebaseOptions
 from .state import Paths

@@ -54,14 +54,15 @@ import zipfile
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
-from .. import closures, registry, sources
+from .. import closures, sources
 from ..cache import buildcache
+from ..config import registry
+from ..config.options import cutoff_now, maxtext_requirement
+from ..config.pins import DISTRIBUTIONS, load_project
 from ..core import tomledit
 from ..core.errors import OverlayError
 from ..core.git import git
 from ..core.staging import recover, remove_tree, write_atomically
-from ..options import cutoff_now, maxtext_requirement
-from ..pins import DISTRIBUTIONS, load_project
 from . import machine, state
 from .fasttests import run_fast_tests
 from .options import RebaseOptions, ReleaseOptions

@@ -9,11 +9,11 @@ import pathlib
 import shutil
 
 from ..cache import buildcache
+from ..config.pins import Pin
 from ..core.errors import OverlayError
 from ..core.git import git, inside_package, lock_file, missing_blobs, out, reason
 from ..core.output import step
 from ..core.staging import copy_atomically
-from ..pins import Pin
 
 
 def resolve(pin: Pin, new_ref: str, source: str | None, cache: pathlib.Path) -> tuple[pathlib.Path, str]:

@@ -151,7 +151,7 @@ SOCKETS_STAND_IN = "no-inet-sockets"
 def host_stand_ins() -> list[str]:
     """The TPU cell's host stand-ins active in this process, as the cell's
     sitecustomize lists them ("name: what it replaces"); none on a TPU VM."""
-    from ..options import settings
+    from ..config.options import settings
 
     return list(settings().host_stand_ins)
 

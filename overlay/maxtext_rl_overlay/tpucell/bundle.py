@@ -49,16 +49,17 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import options, probes, sources
+from .. import probes, sources
 from ..cache import buildcache
+from ..config import options
+from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON
+from ..config.pins import load_project
 from ..constraintsfile import recorded_cutoff
 from ..core import proc
 from ..core.digest import sha256_file
 from ..core.errors import ExitCode, OverlayError
 from ..core.output import step
 from ..core.staging import check_replaceable, scratch_dir, staged_dir
-from ..environment import TARGET_PLATFORM, TARGET_PYTHON
-from ..pins import load_project
 from . import host, hostindex, parts
 
 #: The file that marks a folder as a bundle (and holds its facts).

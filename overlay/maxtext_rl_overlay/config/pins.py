@@ -10,9 +10,9 @@ import re
 import tomllib
 from typing import Any
 
-from .core import tomledit
-from .core.errors import OverlayError
-from .core.staging import write_atomically
+from ..core import tomledit
+from ..core.errors import OverlayError
+from ..core.staging import write_atomically
 from .options import (
     ProjectOptions,
     boolean,

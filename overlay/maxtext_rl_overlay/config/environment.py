@@ -24,9 +24,9 @@ import zipfile
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
+from ..core.errors import OverlayError
+from ..core.output import step
 from . import registry
-from .core.errors import OverlayError
-from .core.output import step
 from .options import maxtext_requirement
 from .pins import Project
 
