@@ -341,7 +341,7 @@ def _cutoff() -> str:
 
 def _moved_pins(base: str) -> list[str]:
     """The pins of constraints.txt that moved since `base`: name, old -> new (the overlay's own left out)."""
-    from maxtext_rl_overlay.closures import moved_pins
+    from maxtext_rl_overlay.stages.closures import moved_pins
 
     old = subprocess.run(["git", "show", f"{base}:constraints.txt"], cwd=ROOT, capture_output=True, text=True).stdout
     return moved_pins(old, (ROOT / "constraints.txt").read_text(), ours=OURS)

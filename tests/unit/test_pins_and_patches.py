@@ -11,10 +11,10 @@ import subprocess
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from maxtext_rl_overlay import constraintsfile, inputdigests, patchfile
 from maxtext_rl_overlay.config.pins import DISTRIBUTIONS, load_project, read_series
 from maxtext_rl_overlay.core import gittree
 from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages import constraintsfile, inputdigests, patchfile
 from support import ROOT
 
 PROJECT = load_project(ROOT)
@@ -202,7 +202,7 @@ def test_the_tpu_vm_install_can_be_copied_and_pasted():
     checks the constraints' hashes, the install, verify."""
     from packaging.requirements import Requirement
 
-    from maxtext_rl_overlay.constraintsfile import UV_CHECKS_CONSTRAINT_HASHES
+    from maxtext_rl_overlay.stages.constraintsfile import UV_CHECKS_CONSTRAINT_HASHES
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Install (on a TPU VM, Python 3.12)", 1)[1].split("\n## ", 1)[0]

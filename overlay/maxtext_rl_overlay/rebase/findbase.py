@@ -6,12 +6,12 @@ import pathlib
 import shutil
 from typing import NotRequired, TypedDict
 
-from .. import sources
 from ..cache import buildcache
 from ..config.pins import Pin, load_project
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step
+from ..stages import sources
 from . import upstream
 from .options import RebaseOptions
 from .state import Paths

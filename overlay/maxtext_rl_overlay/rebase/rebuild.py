@@ -16,7 +16,7 @@ def rebuild(root: pathlib.Path, who: str, what: str, sources: dict[str, str], ca
     says what the rebase has `written` already, that constraints.txt is
     unchanged, and that --continue builds again (or --abort, which `undo`
     explains, puts everything back)."""
-    from ..build import BuildOptions, build
+    from ..stages.run import BuildOptions, build
 
     with step(who, what):
         try:

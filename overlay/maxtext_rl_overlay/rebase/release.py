@@ -54,7 +54,6 @@ import zipfile
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
-from .. import closures, sources
 from ..cache import buildcache
 from ..config import registry
 from ..config.options import cutoff_now, maxtext_requirement
@@ -63,6 +62,7 @@ from ..core import tomledit
 from ..core.errors import OverlayError
 from ..core.git import git
 from ..core.staging import recover, remove_tree, write_atomically
+from ..stages import closures, sources
 from . import machine, state
 from .fasttests import run_fast_tests
 from .options import RebaseOptions, ReleaseOptions

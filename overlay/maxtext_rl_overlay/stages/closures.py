@@ -38,15 +38,15 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
+from ..cache import buildcache, cachekeys
+from ..config import options
+from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
+from ..core import proc
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError
+from ..core.output import step
+from ..core.staging import scratch_dir
 from . import sources
-from .cache import buildcache, cachekeys
-from .config import options
-from .config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
-from .core import proc
-from .core.digest import sha256_file
-from .core.errors import OverlayError
-from .core.output import step
-from .core.staging import scratch_dir
 from .indexpages import STANDIN_OVERRIDES
 
 #: The resolver's flags (besides the inputs' files), part of the cache key.

@@ -17,17 +17,17 @@ import shutil
 import tempfile
 from typing import Any, Literal, get_args
 
+from ..cache import buildcache, cachekeys
+from ..config.pins import Pin
+from ..core import gittree
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError
+from ..core.git import git
+from ..core.manifest import PatchRecord
+from ..core.output import step
+from ..core.proc import output_tail
+from ..core.staging import staged_dir
 from . import patchfile
-from .cache import buildcache, cachekeys
-from .config.pins import Pin
-from .core import gittree
-from .core.digest import sha256_file
-from .core.errors import OverlayError
-from .core.git import git
-from .core.manifest import PatchRecord
-from .core.output import step
-from .core.proc import output_tail
-from .core.staging import staged_dir
 from .patchfile import ZERO, PatchFile
 from .sources import Source
 

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
+from ..core.errors import OverlayError
+from ..core.manifest import ProjectRecord
+from ..core.staging import FileOwner
 from . import closures, inputdigests
-from .config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
-from .core.errors import OverlayError
-from .core.manifest import ProjectRecord
-from .core.staging import FileOwner
 from .indexpages import STANDIN_OVERRIDES
 
 #: The first line of every constraints file the tool writes: what lets a
