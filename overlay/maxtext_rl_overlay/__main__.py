@@ -22,8 +22,9 @@ from typing import Any
 # Every stage at module level: none imports jax, torch or transformers at
 # import time (smoke's engine and references import them in the processes
 # they start), so --help stays fast.
-from . import __version__, lint, testmatrix, verify
+from . import __version__, lint, testmatrix
 from .cache import buildcache
+from .checks import verify
 from .config.options import cutoff_now, cutoff_value, named_source, project_root
 from .config.pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
 from .core import interrupts, output, staging

@@ -56,7 +56,7 @@ def test_verify_depends_on_the_format_alone():
     import pathlib
 
     import maxtext_rl_overlay
-    from maxtext_rl_overlay import verify
+    from maxtext_rl_overlay.checks import verify
 
     package = pathlib.Path(str(maxtext_rl_overlay.__file__)).parent
     folders = {p.name for p in package.iterdir() if p.is_dir()}  # from ..core import x: x is the module
@@ -74,7 +74,7 @@ def test_verify_depends_on_the_format_alone():
 def test_verify_fails_on_a_distribution_the_release_was_built_without():
     """A release built with --only records what it left out (not_built);
     verify says so, rather than passing or leaving it to a failed import."""
-    from maxtext_rl_overlay import verify
+    from maxtext_rl_overlay.checks import verify
 
     doc = _record(None)
     assert doc.not_built == ("vllm",)

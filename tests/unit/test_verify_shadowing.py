@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import verify
+from maxtext_rl_overlay.checks import verify
 from maxtext_rl_overlay.core import manifest
 from unit.unit_support import UV, installable_wheel, uv_offline_env
 

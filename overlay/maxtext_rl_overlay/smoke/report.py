@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from .. import reports
+from ..checks import reports
+from ..checks.verdict import Command, Said, write_report
 from ..core import tables
 from ..core.errors import OverlayError
-from ..verdict import Command, Said, write_report
 from . import checks, configurations
 from .cpu_simulation import NOTICE
 from .engine import HOST_STAND_IN

@@ -14,9 +14,9 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from ..core import output, staging
+from ..core.errors import ExitCode, OverlayError
 from . import reports
-from .core import output, staging
-from .core.errors import ExitCode, OverlayError
 
 T = TypeVar("T")
 
