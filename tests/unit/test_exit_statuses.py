@@ -16,10 +16,10 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import lint, testmatrix
 from maxtext_rl_overlay.checks.reports import load_report
 from maxtext_rl_overlay.config.pins import load_project
 from maxtext_rl_overlay.core.errors import ExitCode
+from maxtext_rl_overlay.maintain import lint, testmatrix
 from maxtext_rl_overlay.smoke import report as smoke_report
 from support import ROOT
 from support.project import project_copy

@@ -136,7 +136,7 @@ def test_readme_commands_are_the_ones_ci_runs():
 def test_every_matrix_cell_is_made_by_a_readme_install_command():
     """The matrix installs each cell with the command the README shows users
     (marked <!-- install --> and <!-- maxtext-install -->): the two cannot drift."""
-    from maxtext_rl_overlay import testmatrix
+    from maxtext_rl_overlay.maintain import testmatrix
 
     cells = testmatrix.load_cells(ROOT, quick=False)
     assert {c.name for c in cells} >= {"py312", "maxtext-0.2.4"}
@@ -152,7 +152,7 @@ def test_the_readme_shows_the_stand_in_form_the_committed_constraints_need(tmp_p
     needs --override, and the README's marked stand-in block says so, the same
     command as the file's own header; the matrix runs that block on such an
     index and refuses the plain MaxText form there."""
-    from maxtext_rl_overlay import testmatrix
+    from maxtext_rl_overlay.maintain import testmatrix
 
     standin = testmatrix.readme_command(ROOT, "maxtext-install-standin")
     assert standin == ["uv", "pip", "install", "-c", "constraints.txt", "--override", "./dist/torch-standin-overrides.txt", "maxtext-rl-overlay[maxtext]"]
@@ -181,7 +181,7 @@ def test_the_cells_bound_their_tests_with_the_tool_suites_plugin():
     the cells' install fails."""
     import tomllib
 
-    from maxtext_rl_overlay import testmatrix
+    from maxtext_rl_overlay.maintain import testmatrix
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     for plugin_pin in (testmatrix.TIMEOUT_PLUGIN, testmatrix.HYPOTHESIS):

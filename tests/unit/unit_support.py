@@ -102,7 +102,7 @@ def assert_uploads_every_junit(job: dict, root: pathlib.Path) -> None:
     import fnmatch
 
     from maxtext_rl_overlay.config.pins import load_project
-    from maxtext_rl_overlay.testmatrix import junit_name, load_matrix
+    from maxtext_rl_overlay.maintain.testmatrix import junit_name, load_matrix
 
     (upload,) = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact") and "junit" in s["with"]["name"]]
     assert upload.get("if") == "always()", "kept when the matrix fails too"

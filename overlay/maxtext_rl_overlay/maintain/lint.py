@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pathlib
 
+from ..config.pins import load_project
+from ..core.errors import ExitCode
+from ..stages import patchfile
 from . import testmatrix
-from .config.pins import load_project
-from .core.errors import ExitCode
-from .stages import patchfile
 
 
 def problems(root: pathlib.Path) -> tuple[int, list[str]]:
