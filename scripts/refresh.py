@@ -63,8 +63,8 @@ from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.staging import FileOwner, check_replaceable_file, write_atomically
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.core.staging import FileOwner, check_replaceable_file, write_atomically
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: The upstreams whose release tags the refresh follows (vLLM's pin follows
@@ -334,14 +334,14 @@ def _commit(message: str, paths: Iterable[str] = (), empty: bool = False) -> Non
 
 
 def _cutoff() -> str:
-    from maxtext_rl_overlay.pins import load_project
+    from maxtext_rl_overlay.config.pins import load_project
 
     return load_project(ROOT).resolution_cutoff
 
 
 def _moved_pins(base: str) -> list[str]:
     """The pins of constraints.txt that moved since `base`: name, old -> new (the overlay's own left out)."""
-    from maxtext_rl_overlay.closures import moved_pins
+    from maxtext_rl_overlay.stages.closures import moved_pins
 
     old = subprocess.run(["git", "show", f"{base}:constraints.txt"], cwd=ROOT, capture_output=True, text=True).stdout
     return moved_pins(old, (ROOT / "constraints.txt").read_text(), ours=OURS)
@@ -352,7 +352,7 @@ OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext-
 
 
 def _project_state() -> tuple[str, dict[str, str], dict[str, str]]:
-    from maxtext_rl_overlay.pins import load_project
+    from maxtext_rl_overlay.config.pins import load_project
 
     project = load_project(ROOT)
     extra = project.options.maxtext.extra
@@ -362,7 +362,7 @@ def _project_state() -> tuple[str, dict[str, str], dict[str, str]]:
 
 
 def _released_maxtext() -> list[str]:
-    from maxtext_rl_overlay import registry
+    from maxtext_rl_overlay.config import registry
 
     return [str(parse_wheel_filename(f["filename"])[1]) for f in registry.files("maxtext") if f["filename"].endswith(".whl")]
 
@@ -463,8 +463,8 @@ def _refresh(args: argparse.Namespace) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     old_cutoff = _cutoff()
     if not any(m.args[0] == "--maxtext" for m in moves):  # a rebase --maxtext moves the cutoff itself
-        from maxtext_rl_overlay.options import cutoff_now
-        from maxtext_rl_overlay.pins import set_resolution_cutoff
+        from maxtext_rl_overlay.config.options import cutoff_now
+        from maxtext_rl_overlay.config.pins import set_resolution_cutoff
 
         set_resolution_cutoff(ROOT, cutoff_now())
         _commit(f"Refresh: resolution-cutoff {old_cutoff} -> {_cutoff()}", ("pyproject.toml",))

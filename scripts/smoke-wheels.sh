@@ -37,7 +37,7 @@ done
 use_tool_venv "$root"
 work=$(mktemp -d "${TMPDIR:-/tmp}/mrl-smoke-wheels.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-constraints=$(python -c 'import pathlib, sys; from maxtext_rl_overlay import indexpages; print(indexpages.local_view(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])))' "$wheels" "$work/index")
+constraints=$(python -c 'import pathlib, sys; from maxtext_rl_overlay.stages import indexpages; print(indexpages.local_view(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])))' "$wheels" "$work/index")
 # A venv or an install that fails is status 3 ("cannot run here"), never
 # uv's own 1, which would read as "a check failed".
 cannot() { echo "scripts/smoke-wheels.sh: $1 (uv exited $2), so the smoke did not run: see uv's message above" >&2; exit 3; }

@@ -10,7 +10,9 @@ import argparse
 import pathlib
 import tomllib
 
-from maxtext_rl_overlay import buildcache, registry, sources
+from maxtext_rl_overlay.cache import buildcache
+from maxtext_rl_overlay.config import registry
+from maxtext_rl_overlay.stages import sources
 
 TABLE = pathlib.Path(__file__).with_name("standins.toml")
 

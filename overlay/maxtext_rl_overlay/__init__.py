@@ -5,7 +5,8 @@ built into wheels with a PEP 440 local label, and published with an index and
 a constraints file. Installed, `maxtext-rl-overlay verify` checks that the
 distributions on the machine are those builds, with the patched files intact.
 
-Data flows one way, one module a stage:
+Data flows one way, one module a stage (the pins in config/, the build's
+stages in stages/, verify in checks/; docs/layout.md maps the folders):
     pins -> sources -> patching -> wheels -> index/constraints -> verify
 """
 

@@ -22,18 +22,24 @@ from typing import Any
 # Every stage at module level: none imports jax, torch or transformers at
 # import time (smoke's engine and references import them in the processes
 # they start), so --help stays fast.
-from . import __version__, build, buildcache, interrupts, lint, output, sources, staging, testmatrix, verify
-from .errors import ExitCode, OverlayError, UsageError
-from .indexpages import base_url
-from .options import cutoff_now, cutoff_value, named_source, project_root
-from .patching import ENGINES
-from .pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
+from . import __version__
+from .cache import buildcache
+from .checks import verify
+from .config.options import cutoff_now, cutoff_value, named_source, project_root
+from .config.pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
+from .core import interrupts, output, staging
+from .core.errors import ExitCode, OverlayError, UsageError
+from .maintain import lint, testmatrix
+from .maintain.testmatrix import PLATFORMS, MatrixOptions
 from .rebase.command import command as rebase_command
 from .rebase.options import request_from_args
 from .smoke import configurations as smoke_configurations
 from .smoke import report as smoke_report
 from .smoke.run import SmokeOptions
-from .testmatrix import PLATFORMS, MatrixOptions
+from .stages import run as build
+from .stages import sources
+from .stages.indexpages import base_url
+from .stages.patching import ENGINES
 from .tpucell import bundle
 
 DESCRIPTION = """\

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay.reports import load_report
+from maxtext_rl_overlay.checks.reports import load_report
 from maxtext_rl_overlay.smoke.checks import DEFAULT_PRECISION
 from maxtext_rl_overlay.smoke.cpu_simulation import NOTICE
 from maxtext_rl_overlay.smoke.report import write_json

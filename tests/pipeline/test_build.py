@@ -17,7 +17,7 @@ import zipfile
 
 import pytest
 
-from maxtext_rl_overlay import inputdigests, patchfile
+from maxtext_rl_overlay.stages import inputdigests, patchfile
 from support.pipeline import (
     ALL,
     PROJECT,

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from maxtext_rl_overlay import constraintsfile
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.stages import constraintsfile
 from support.pipeline import build_standins
 
 pytestmark = pytest.mark.slow

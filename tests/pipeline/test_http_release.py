@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import pytest
 
-from maxtext_rl_overlay import indexpages
+from maxtext_rl_overlay.stages import indexpages
 from support.pipeline import ALL, ROOT, build_standins
 
 pytestmark = pytest.mark.slow

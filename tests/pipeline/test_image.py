@@ -51,8 +51,8 @@ import zipfile
 
 import pytest
 
-from maxtext_rl_overlay import sources
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.stages import sources
 from support.pipeline import ROOT
 
 TOOLS = ("podman", "buildah", "runc", "mmdebstrap")

@@ -32,8 +32,8 @@ import time
 
 import pytest
 
-from maxtext_rl_overlay import constraintsfile
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.stages import constraintsfile
 from support import ROOT
 from support.pipeline import build_standins
 from unit.unit_support import SmallFs

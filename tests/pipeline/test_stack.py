@@ -16,7 +16,7 @@ import zipfile
 import pytest
 
 import standins
-from maxtext_rl_overlay import registry
+from maxtext_rl_overlay.config import registry
 from support.pipeline import ALL, PROJECT, build_standins, unpack
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from maxtext_rl_overlay import registry
+from maxtext_rl_overlay.config import registry
 from support.rebase import git, make_project, rebase, row
 from unit.unit_support import PackageIndex, maxtext_release
 

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import VERSION_RULES, LastKnownGood, RebasePolicy, load_project, read_pin
+from maxtext_rl_overlay.config.pins import VERSION_RULES, LastKnownGood, RebasePolicy, load_project, read_pin
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.rebase import versions
 from support import ROOT
 

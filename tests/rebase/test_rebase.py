@@ -14,7 +14,7 @@ import tomllib
 
 import pytest
 
-from maxtext_rl_overlay import patchfile
+from maxtext_rl_overlay.stages import patchfile
 from support import ROOT
 from support.rebase import (
     commit_all,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
 from support import ROOT
 from unit.unit_support import SMALL_CODE, PackageIndex, commit_files, default_signals, git, maxtext_release, patch_of, series_project
 

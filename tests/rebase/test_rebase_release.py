@@ -15,8 +15,8 @@ import tomllib
 import pytest
 from packaging.version import Version
 
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.rebase.release import parse_deps
 from maxtext_rl_overlay.rebase.state import QueuedMove, ReleaseState
 from support import ROOT

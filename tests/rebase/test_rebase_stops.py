@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import buildcache
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import set_pin_values
+from maxtext_rl_overlay.cache import buildcache
+from maxtext_rl_overlay.config.pins import set_pin_values
+from maxtext_rl_overlay.core.errors import OverlayError
 from unit.unit_support import SMALL_CODE, commit_files, git, small_patch, small_project, small_upstream
 
 TPU = pathlib.Path("patches/tpu-inference")

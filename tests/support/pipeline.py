@@ -9,7 +9,7 @@ import pathlib
 import subprocess
 import tarfile
 
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
 from support import ROOT
 from support.project import run_tool
 

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 
-from maxtext_rl_overlay.pins import set_pin_values
+from maxtext_rl_overlay.config.pins import set_pin_values
 from support import ROOT
 
 #: What every project copy holds: enough for the tool to read the project,

@@ -14,7 +14,8 @@ import tarfile
 import tempfile
 import tomllib
 
-from maxtext_rl_overlay import buildcache, options
+from maxtext_rl_overlay.cache import buildcache
+from maxtext_rl_overlay.config import options
 from support import TESTS
 from support.project import project_copy, run_tool, set_pin
 

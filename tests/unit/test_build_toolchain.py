@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from maxtext_rl_overlay import buildenv
+from maxtext_rl_overlay.stages import buildenv
 from unit.unit_support import installable_wheel, uv_offline_env
 
 CUTOFF = "2026-11-30T20:00:00Z"

@@ -16,8 +16,9 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import buildcache, buildenv, cachekeys
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.cache import buildcache, cachekeys
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages import buildenv
 from support import ROOT
 
 #: One builder: buildenv.prepare of one entry, with the slow venv making
@@ -25,8 +26,8 @@ from support import ROOT
 #: checks, before finishing, that nobody removed what it wrote.
 BUILDER = textwrap.dedent("""
     import pathlib, sys, time
-    from maxtext_rl_overlay import buildenv
-    from maxtext_rl_overlay.environment import Torch
+    from maxtext_rl_overlay.stages import buildenv
+    from maxtext_rl_overlay.config.environment import Torch
 
     cache, tree, log, toolchain = (pathlib.Path(a) for a in sys.argv[1:5])
 
@@ -205,8 +206,9 @@ def test_a_cached_source_tree_edited_in_the_cache_is_made_again(tmp_path, capsys
     git repository (checked out file by file) and from a source tree (copied)."""
     import dataclasses
 
-    from maxtext_rl_overlay import gittree, sources
-    from maxtext_rl_overlay.pins import load_project
+    from maxtext_rl_overlay.config.pins import load_project
+    from maxtext_rl_overlay.core import gittree
+    from maxtext_rl_overlay.stages import sources
 
     repo = tmp_path / "upstream"
     (repo / "tpu_inference").mkdir(parents=True)
@@ -239,7 +241,7 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
     """vLLM's wheel (built in a build environment: it compiles) is keyed by
     the compilers it finds, so a warm rebuild after a compiler upgrade
     compiles again, as a cold one would; a pure-Python wheel's key is not."""
-    from maxtext_rl_overlay import wheels
+    from maxtext_rl_overlay.stages import wheels
 
     monkeypatch.setattr(cachekeys, "uv_version", lambda: "uv 0.0.0 (fake)")
     tree = tmp_path / "tree"
@@ -276,7 +278,7 @@ def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["wheel bytes", "wheel gone", "record", "another key's"])
 def test_a_damaged_kept_wheel_is_said_removed_and_built_afresh(tmp_path, capsys, damage):
-    from maxtext_rl_overlay import wheels
+    from maxtext_rl_overlay.stages import wheels
 
     cache, inputs = tmp_path / "cache", {"tree": "a" * 40}
     wheel = tmp_path / "x-1.0-py3-none-any.whl"

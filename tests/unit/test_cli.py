@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import proc, staging
-from maxtext_rl_overlay.errors import ExitCode, OverlayError, ProgramMissing, TimedOut
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.core import proc, staging
+from maxtext_rl_overlay.core.errors import ExitCode, OverlayError, ProgramMissing, TimedOut
 from support import ROOT
 
 
@@ -93,7 +93,7 @@ def test_verbose_streams_a_long_step_and_still_captures_it(capsys):
 
 
 def test_git_runs_without_the_users_configuration(tmp_path, monkeypatch):
-    from maxtext_rl_overlay.git import out
+    from maxtext_rl_overlay.core.git import out
 
     home = tmp_path / "home"
     home.mkdir()

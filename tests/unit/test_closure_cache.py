@@ -14,10 +14,11 @@ import tempfile
 
 import pytest
 
-from maxtext_rl_overlay import closures, indexpages, registry
-from maxtext_rl_overlay.digest import sha256_file
-from maxtext_rl_overlay.environment import Environment, Torch
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.config import registry
+from maxtext_rl_overlay.config.environment import Environment, Torch
+from maxtext_rl_overlay.core.digest import sha256_file
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages import closures, indexpages
 from unit.unit_support import fake_wheel, installable_wheel, uv_offline_env
 
 CLOSURE = (

@@ -17,10 +17,12 @@ import sys
 import pytest
 from packaging.version import Version
 
-from maxtext_rl_overlay import build, closures, constraintsfile, inputdigests, manifest, overlayfiles
-from maxtext_rl_overlay.environment import Environment, Torch
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.environment import Environment, Torch
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.core import manifest
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages import closures, constraintsfile, inputdigests, overlayfiles
+from maxtext_rl_overlay.stages import run as build
 from support import ROOT
 from unit.unit_support import UV, PackageIndex, installable_wheel, uv_offline_env
 

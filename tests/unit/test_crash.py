@@ -16,7 +16,8 @@ import textwrap
 
 import pytest
 
-from maxtext_rl_overlay import publication, staging
+from maxtext_rl_overlay.core import staging
+from maxtext_rl_overlay.stages import publication
 
 MARK = "MARK"
 
@@ -24,7 +25,8 @@ MARK = "MARK"
 #: file beside it, as a build publishes them, and SIGKILL itself at `point`.
 CHILD = textwrap.dedent('''
     import contextlib, os, pathlib, signal, sys
-    from maxtext_rl_overlay import publication, staging
+    from maxtext_rl_overlay.stages import publication
+    from maxtext_rl_overlay.core import staging
     top, point, exchange = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
     def die(at):
         if at == point:
@@ -43,7 +45,7 @@ CHILD = textwrap.dedent('''
         die(f"before removing {'the old index' if old else pathlib.Path(path).name}")
         return real_remove(path)
     staging.remove_tree = remove
-    # As build.py publishes an index and its constraints file:
+    # As stages/run.py publishes an index and its constraints file:
     publication.finish_pair(top / "dist", top / "constraints.txt")
     staging.recover(top / "constraints.txt")
     with contextlib.ExitStack() as after:

@@ -23,10 +23,12 @@ import time
 
 import pytest
 
-from maxtext_rl_overlay import buildcache, registry, staging
-from maxtext_rl_overlay.digest import sha256_file
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import Pin
+from maxtext_rl_overlay.cache import buildcache
+from maxtext_rl_overlay.config import registry
+from maxtext_rl_overlay.config.pins import Pin
+from maxtext_rl_overlay.core import staging
+from maxtext_rl_overlay.core.digest import sha256_file
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.rebase import upstream
 from support import ROOT
 from unit.unit_support import commit_files, default_signals, fake_wheel, git
@@ -36,7 +38,9 @@ CLEARED = "cleared what a stopped run left beside"
 #: Kills itself (SIGKILL) at argv[1], then runs argv[2] (Python) with argv[3:] as `args`.
 CHILD = textwrap.dedent('''
     import os, pathlib, signal, sys
-    from maxtext_rl_overlay import buildcache, registry, staging
+    from maxtext_rl_overlay.cache import buildcache
+    from maxtext_rl_overlay.config import registry
+    from maxtext_rl_overlay.core import staging
     point, code, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     def die():
         os.kill(os.getpid(), signal.SIGKILL)

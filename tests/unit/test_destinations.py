@@ -19,8 +19,9 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import constraintsfile, indexpages, staging
-from maxtext_rl_overlay.errors import ExitCode, OverlayError
+from maxtext_rl_overlay.core import staging
+from maxtext_rl_overlay.core.errors import ExitCode, OverlayError
+from maxtext_rl_overlay.stages import constraintsfile, indexpages
 from support import ROOT
 from support.project import project_copy
 

@@ -16,10 +16,10 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import lint, testmatrix
-from maxtext_rl_overlay.errors import ExitCode
-from maxtext_rl_overlay.pins import load_project
-from maxtext_rl_overlay.reports import load_report
+from maxtext_rl_overlay.checks.reports import load_report
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.core.errors import ExitCode
+from maxtext_rl_overlay.maintain import lint, testmatrix
 from maxtext_rl_overlay.smoke import report as smoke_report
 from support import ROOT
 from support.project import project_copy
@@ -79,7 +79,7 @@ def test_usage_errors_exit_2_with_the_usage(project, args, says):
 
 def test_each_error_carries_its_status():
     """The CLI exits with the status of the error it ends at."""
-    from maxtext_rl_overlay import errors, staging
+    from maxtext_rl_overlay.core import errors, staging
     from maxtext_rl_overlay.smoke import run
 
     assert vars(cli)["ExitCode"] is errors.ExitCode  # (__main__ imports it: not an export)

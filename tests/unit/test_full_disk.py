@@ -18,8 +18,10 @@ import sys
 import pytest
 
 from maxtext_rl_overlay import __main__ as cli
-from maxtext_rl_overlay import buildcache, buildenv, constraintsfile, indexpages, staging, wheels
-from maxtext_rl_overlay.errors import ExitCode, OverlayError
+from maxtext_rl_overlay.cache import buildcache
+from maxtext_rl_overlay.core import staging
+from maxtext_rl_overlay.core.errors import ExitCode, OverlayError
+from maxtext_rl_overlay.stages import buildenv, constraintsfile, indexpages, wheels
 from support.project import project_copy
 from unit.unit_support import SmallFs
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from maxtext_rl_overlay import indexpages
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages import indexpages
 from unit.unit_support import fake_wheel
 
 

@@ -28,8 +28,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from maxtext_rl_overlay import interrupts, proc, staging
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.core import interrupts, proc, staging
+from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
 from unit.unit_support import default_signals
 

@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from maxtext_rl_overlay import wheels
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages import wheels
 from support import ROOT
 
 

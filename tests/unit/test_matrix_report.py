@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from maxtext_rl_overlay import testmatrix
+from maxtext_rl_overlay.maintain import testmatrix
 from maxtext_rl_overlay.smoke import cpu_simulation
 
 

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import options, pins
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config import options, pins
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
 
 
@@ -229,7 +229,7 @@ def test_every_mrl_variable_of_the_tool_is_read_in_options_only():
     package = ROOT / "overlay" / "maxtext_rl_overlay"
     elsewhere = {f"{p.relative_to(package)}: {m}" for p in package.rglob("*.py") if p.name != "options.py" for m in reads.findall(p.read_text())}
     assert not elsewhere, "read outside options.py"
-    assert set(reads.findall((package / "options.py").read_text())) == set(options.VARIABLES)
+    assert set(reads.findall((package / "config" / "options.py").read_text())) == set(options.VARIABLES)
 
 
 def test_the_docs_document_every_option():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import output, proc, staging
+from maxtext_rl_overlay.core import output, proc, staging
 
 
 def test_every_kind_of_line_has_its_prefix():
@@ -106,8 +106,8 @@ def test_under_github_actions_a_long_step_is_folded_and_its_end_shows(monkeypatc
 
 
 def test_under_github_actions_a_no_is_also_an_error_annotation(monkeypatch, tmp_path, capsys):
-    from maxtext_rl_overlay import verify
-    from maxtext_rl_overlay.verdict import Command, Said
+    from maxtext_rl_overlay.checks import verify
+    from maxtext_rl_overlay.checks.verdict import Command, Said
 
     def command(ok: bool) -> int:
         return Command("verify", None, lambda: ok, lambda ok: "the table",

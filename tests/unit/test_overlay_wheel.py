@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from maxtext_rl_overlay import build, manifest, overlayfiles, wheels
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.core import manifest
+from maxtext_rl_overlay.stages import overlayfiles, wheels
+from maxtext_rl_overlay.stages import run as build
 from support import ROOT
 
 STRAY = "overlay/maxtext_rl_overlay/stray.py"
@@ -60,7 +62,7 @@ def test_only_tracked_files_and_the_inputs_commit(checkout, capsys):
     root, inputs = checkout
     (root / STRAY).write_text("SHIPPED = True\n")
     found = overlayfiles.overlay_inputs(root)
-    assert STRAY not in found.files and "overlay/maxtext_rl_overlay/build.py" in found.files
+    assert STRAY not in found.files and "overlay/maxtext_rl_overlay/stages/run.py" in found.files
     assert {"README.md", "LICENSE", "pyproject.toml"} <= set(found.files)
     assert found.project == manifest.ProjectRecord(inputs, ()), "the newest commit that changed an input, not HEAD"
     err = capsys.readouterr().err
@@ -113,5 +115,5 @@ def test_the_wheel_holds_the_tracked_files_and_the_commit(checkout, tmp_path, mo
 
     monkeypatch.setattr(wheels, "build_wheel", capture)  # the module build calls
     build._build_overlay(project, found.files, record, None, tmp_path / "staging", "python3", tmp_path / "cache")
-    assert STRAY not in seen["files"] and "overlay/maxtext_rl_overlay/build.py" in seen["files"]
+    assert STRAY not in seen["files"] and "overlay/maxtext_rl_overlay/stages/run.py" in seen["files"]
     assert seen["manifest"]["project"] == {"commit": inputs, "dirty": []}

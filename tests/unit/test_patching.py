@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from maxtext_rl_overlay import gittree
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.patching import apply_series
-from maxtext_rl_overlay.pins import Pin
-from maxtext_rl_overlay.sources import Source
+from maxtext_rl_overlay.config.pins import Pin
+from maxtext_rl_overlay.core import gittree
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages.patching import apply_series
+from maxtext_rl_overlay.stages.sources import Source
 
 ENGINES = ["git", "patch-ng"]
 GIT_ENV = {

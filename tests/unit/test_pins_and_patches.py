@@ -11,9 +11,10 @@ import subprocess
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from maxtext_rl_overlay import constraintsfile, gittree, inputdigests, patchfile
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import DISTRIBUTIONS, load_project, read_series
+from maxtext_rl_overlay.config.pins import DISTRIBUTIONS, load_project, read_series
+from maxtext_rl_overlay.core import gittree
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.stages import constraintsfile, inputdigests, patchfile
 from support import ROOT
 
 PROJECT = load_project(ROOT)
@@ -135,7 +136,7 @@ def test_readme_commands_are_the_ones_ci_runs():
 def test_every_matrix_cell_is_made_by_a_readme_install_command():
     """The matrix installs each cell with the command the README shows users
     (marked <!-- install --> and <!-- maxtext-install -->): the two cannot drift."""
-    from maxtext_rl_overlay import testmatrix
+    from maxtext_rl_overlay.maintain import testmatrix
 
     cells = testmatrix.load_cells(ROOT, quick=False)
     assert {c.name for c in cells} >= {"py312", "maxtext-0.2.4"}
@@ -151,7 +152,7 @@ def test_the_readme_shows_the_stand_in_form_the_committed_constraints_need(tmp_p
     needs --override, and the README's marked stand-in block says so, the same
     command as the file's own header; the matrix runs that block on such an
     index and refuses the plain MaxText form there."""
-    from maxtext_rl_overlay import testmatrix
+    from maxtext_rl_overlay.maintain import testmatrix
 
     standin = testmatrix.readme_command(ROOT, "maxtext-install-standin")
     assert standin == ["uv", "pip", "install", "-c", "constraints.txt", "--override", "./dist/torch-standin-overrides.txt", "maxtext-rl-overlay[maxtext]"]
@@ -180,7 +181,7 @@ def test_the_cells_bound_their_tests_with_the_tool_suites_plugin():
     the cells' install fails."""
     import tomllib
 
-    from maxtext_rl_overlay import testmatrix
+    from maxtext_rl_overlay.maintain import testmatrix
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     for plugin_pin in (testmatrix.TIMEOUT_PLUGIN, testmatrix.HYPOTHESIS):
@@ -201,7 +202,7 @@ def test_the_tpu_vm_install_can_be_copied_and_pasted():
     checks the constraints' hashes, the install, verify."""
     from packaging.requirements import Requirement
 
-    from maxtext_rl_overlay.constraintsfile import UV_CHECKS_CONSTRAINT_HASHES
+    from maxtext_rl_overlay.stages.constraintsfile import UV_CHECKS_CONSTRAINT_HASHES
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Install (on a TPU VM, Python 3.12)", 1)[1].split("\n## ", 1)[0]

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.pins import load_project, set_pin_values
+from maxtext_rl_overlay.config.pins import load_project, set_pin_values
+from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
 from unit.unit_support import GIT_ENV, PackageIndex, commit_files, fake_wheel, git, maxtext_version, patch_of, pin_series
 

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from maxtext_rl_overlay import indexpages
+from maxtext_rl_overlay.stages import indexpages
 from support import ROOT
 from unit.unit_support import assert_refuses_an_unpinned_base, assert_uploads_every_junit, fake_wheel
 

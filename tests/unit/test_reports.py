@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from maxtext_rl_overlay import reports, testmatrix, verify
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay.checks import reports, verify
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.maintain import testmatrix
 from maxtext_rl_overlay.smoke import report as smoke_report
 from maxtext_rl_overlay.smoke.checks import CheckResult
 from maxtext_rl_overlay.smoke.run import BrokenStack, CannotRun, Configuration, SmokeReport

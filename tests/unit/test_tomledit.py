@@ -6,8 +6,8 @@ import tomllib
 
 import pytest
 
-from maxtext_rl_overlay.errors import OverlayError
-from maxtext_rl_overlay.tomledit import set_value
+from maxtext_rl_overlay.core.errors import OverlayError
+from maxtext_rl_overlay.core.tomledit import set_value
 
 DOC = '''# the pin
 commit = "aaa"  # why this commit

@@ -23,8 +23,9 @@ import zipfile
 
 import pytest
 
-from maxtext_rl_overlay import probes, verify
-from maxtext_rl_overlay.errors import OverlayError
+from maxtext_rl_overlay import probes
+from maxtext_rl_overlay.checks import verify
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.smoke import run as smoke_run
 from maxtext_rl_overlay.tpucell import bundle, host, hostindex, parts
 from unit.unit_support import installable_wheel

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay import manifest, verify
+from maxtext_rl_overlay.checks import verify
+from maxtext_rl_overlay.core import manifest
 from unit.unit_support import UV, installable_wheel, uv_offline_env
 
 VERSION = "0.1.8+mrl.2"

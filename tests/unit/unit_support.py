@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from maxtext_rl_overlay import interrupts
+from maxtext_rl_overlay.core import interrupts
 from support.project import project_copy, set_pin
 
 #: The tool venv's uv (scripts/setup.sh installs it there).
@@ -101,8 +101,8 @@ def assert_uploads_every_junit(job: dict, root: pathlib.Path) -> None:
     there is none."""
     import fnmatch
 
-    from maxtext_rl_overlay.pins import load_project
-    from maxtext_rl_overlay.testmatrix import junit_name, load_matrix
+    from maxtext_rl_overlay.config.pins import load_project
+    from maxtext_rl_overlay.maintain.testmatrix import junit_name, load_matrix
 
     (upload,) = [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact") and "junit" in s["with"]["name"]]
     assert upload.get("if") == "always()", "kept when the matrix fails too"
@@ -236,7 +236,7 @@ def maxtext_version(root: pathlib.Path) -> str:
     """The MaxText release pyproject's `maxtext` extra names (0.2.4 today): the
     tests that stand in for its wheel follow it, so that they hold after a
     `rebase --maxtext` move too."""
-    from maxtext_rl_overlay.pins import load_project
+    from maxtext_rl_overlay.config.pins import load_project
 
     (text,) = load_project(root).metadata["optional-dependencies"]["maxtext"]
     return text.rsplit("==", 1)[1]

@@ -10,9 +10,9 @@ import re
 import shutil
 from collections.abc import Callable
 
-from .. import patchfile
-from ..errors import OverlayError
-from ..git import git, out
+from ..core.errors import OverlayError
+from ..core.git import git, out
+from ..stages import patchfile
 from .state import Outcome, PatchEntry
 
 

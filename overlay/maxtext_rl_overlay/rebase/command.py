@@ -5,7 +5,7 @@ in progress."""
 
 from __future__ import annotations
 
-from ..errors import ExitCode
+from ..core.errors import ExitCode
 from . import release
 from .findbase import find_base
 from .machine import abort, resume, start

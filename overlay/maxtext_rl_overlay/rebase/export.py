@@ -14,9 +14,9 @@ import dataclasses
 import pathlib
 import re
 
-from ..git import git, out
-from ..pins import Pin, load_project, set_pin_values
-from ..staging import recover, write_atomically
+from ..config.pins import Pin, load_project, set_pin_values
+from ..core.git import git, out
+from ..core.staging import recover, write_atomically
 from . import versions
 from .state import PatchEntry, PinValues, RebaseState
 

@@ -7,8 +7,8 @@ import pathlib
 import sys
 from dataclasses import dataclass
 
-from ..output import step
-from ..proc import run
+from ..core.output import step
+from ..core.proc import run
 
 #: constraints.txt pins the wheels the pins build, with their versions: a
 #: moved pin makes it stale until it is rebuilt (--build does), so without a

@@ -6,11 +6,12 @@ import pathlib
 import shutil
 from typing import NotRequired, TypedDict
 
-from .. import buildcache, sources
-from ..errors import OverlayError
-from ..git import git, out
-from ..output import step
-from ..pins import Pin, load_project
+from ..cache import buildcache
+from ..config.pins import Pin, load_project
+from ..core.errors import OverlayError
+from ..core.git import git, out
+from ..core.output import step
+from ..stages import sources
 from . import upstream
 from .options import RebaseOptions
 from .state import Paths

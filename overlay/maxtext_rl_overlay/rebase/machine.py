@@ -17,11 +17,12 @@ import shlex
 import shutil
 import time
 
-from .. import buildcache, patchfile, sources
-from ..errors import OverlayError
-from ..git import git, out
-from ..output import step
-from ..pins import DISTRIBUTIONS, Pin, load_project
+from ..cache import buildcache
+from ..config.pins import DISTRIBUTIONS, Pin, load_project
+from ..core.errors import OverlayError
+from ..core.git import git, out
+from ..core.output import step
+from ..stages import patchfile, sources
 from . import apply, export, state, upstream
 from .fasttests import run_fast_tests
 from .options import RebaseOptions

@@ -10,10 +10,10 @@ import pathlib
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from ..errors import UsageError
-from ..options import named_source
-from ..options import project_root as options_project_root
-from ..pins import DISTRIBUTIONS
+from ..config.options import named_source
+from ..config.options import project_root as options_project_root
+from ..config.pins import DISTRIBUTIONS
+from ..core.errors import UsageError
 
 
 @dataclasses.dataclass

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pathlib
 
-from ..errors import OverlayError
-from ..output import step
+from ..core.errors import OverlayError
+from ..core.output import step
 
 
 def rebuild(root: pathlib.Path, who: str, what: str, sources: dict[str, str], cache: str, standins: bool, *,
@@ -16,7 +16,7 @@ def rebuild(root: pathlib.Path, who: str, what: str, sources: dict[str, str], ca
     says what the rebase has `written` already, that constraints.txt is
     unchanged, and that --continue builds again (or --abort, which `undo`
     explains, puts everything back)."""
-    from ..build import BuildOptions, build
+    from ..stages.run import BuildOptions, build
 
     with step(who, what):
         try:

@@ -54,12 +54,15 @@ import zipfile
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
-from .. import buildcache, closures, registry, sources, tomledit
-from ..errors import OverlayError
-from ..git import git
-from ..options import cutoff_now, maxtext_requirement
-from ..pins import DISTRIBUTIONS, load_project
-from ..staging import recover, remove_tree, write_atomically
+from ..cache import buildcache
+from ..config import registry
+from ..config.options import cutoff_now, maxtext_requirement
+from ..config.pins import DISTRIBUTIONS, load_project
+from ..core import tomledit
+from ..core.errors import OverlayError
+from ..core.git import git
+from ..core.staging import recover, remove_tree, write_atomically
+from ..stages import closures, sources
 from . import machine, state
 from .fasttests import run_fast_tests
 from .options import RebaseOptions, ReleaseOptions

@@ -38,9 +38,9 @@ import types
 import typing
 from typing import Any, Generic, Literal, Self, TypeVar
 
-from .. import output
-from ..errors import OverlayError
-from ..staging import recover, remove_file, remove_tree, write_atomically
+from ..core import output
+from ..core.errors import OverlayError
+from ..core.staging import recover, remove_file, remove_tree, write_atomically
 
 
 class Outcome(enum.StrEnum):

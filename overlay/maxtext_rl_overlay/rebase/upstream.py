@@ -8,12 +8,12 @@ import os
 import pathlib
 import shutil
 
-from .. import buildcache
-from ..errors import OverlayError
-from ..git import git, inside_package, lock_file, missing_blobs, out, reason
-from ..output import step
-from ..pins import Pin
-from ..staging import copy_atomically
+from ..cache import buildcache
+from ..config.pins import Pin
+from ..core.errors import OverlayError
+from ..core.git import git, inside_package, lock_file, missing_blobs, out, reason
+from ..core.output import step
+from ..core.staging import copy_atomically
 
 
 def resolve(pin: Pin, new_ref: str, source: str | None, cache: pathlib.Path) -> tuple[pathlib.Path, str]:

@@ -9,9 +9,9 @@ import re
 import tomllib
 from collections.abc import Callable
 
-from ..errors import OverlayError
-from ..git import git, out
-from ..pins import Pin
+from ..config.pins import Pin
+from ..core.errors import OverlayError
+from ..core.git import git, out
 
 Rule = Callable[[Pin, pathlib.Path, str, str], tuple[str, str]]
 

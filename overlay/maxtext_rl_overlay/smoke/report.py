@@ -8,9 +8,10 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from .. import reports, tables
-from ..errors import OverlayError
-from ..verdict import Command, Said, write_report
+from ..checks import reports
+from ..checks.verdict import Command, Said, write_report
+from ..core import tables
+from ..core.errors import OverlayError
 from . import checks, configurations
 from .cpu_simulation import NOTICE
 from .engine import HOST_STAND_IN

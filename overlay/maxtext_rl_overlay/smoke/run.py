@@ -18,9 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import probes, proc
-from ..errors import CheckFailed, ExitCode, OverlayError, TimedOut
-from ..output import step
+from .. import probes
+from ..core import proc
+from ..core.errors import CheckFailed, ExitCode, OverlayError, TimedOut
+from ..core.output import step
 from . import checks, configurations, maxtext_model, tiny_llama
 from .checks import CheckResult
 from .configurations import EngineConfiguration
@@ -152,7 +153,7 @@ SOCKETS_STAND_IN = "no-inet-sockets"
 def host_stand_ins() -> list[str]:
     """The TPU cell's host stand-ins active in this process, as the cell's
     sitecustomize lists them ("name: what it replaces"); none on a TPU VM."""
-    from ..options import settings
+    from ..config.options import settings
 
     return list(settings().host_stand_ins)
 

@@ -49,14 +49,18 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from .. import buildcache, options, probes, proc, sources
-from ..constraintsfile import recorded_cutoff
-from ..digest import sha256_file
-from ..environment import TARGET_PLATFORM, TARGET_PYTHON
-from ..errors import ExitCode, OverlayError
-from ..output import step
-from ..pins import load_project
-from ..staging import check_replaceable, scratch_dir, staged_dir
+from .. import probes
+from ..cache import buildcache
+from ..config import options
+from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON
+from ..config.pins import load_project
+from ..core import proc
+from ..core.digest import sha256_file
+from ..core.errors import ExitCode, OverlayError
+from ..core.output import step
+from ..core.staging import check_replaceable, scratch_dir, staged_dir
+from ..stages import sources
+from ..stages.constraintsfile import recorded_cutoff
 from . import host, hostindex, parts
 
 #: The file that marks a folder as a bundle (and holds its facts).
@@ -480,7 +484,7 @@ def _one_version(index: hostindex.HostIndex, name: str, compatible: list[Any]) -
 
 def _rebuild(opts: BundleOptions, name: str, dest: pathlib.Path, version: str) -> str:
     """The release's `name` rebuilt for the host's Python, from the same source and series."""
-    from ..build import build_one
+    from ..stages.run import build_one
 
     if not opts.python:
         raise OverlayError(f"the release's {name} wheel is built for another Python than the host's {opts.host_python}: give --python, "

@@ -32,7 +32,7 @@ import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # cell.json's types are reports'; on the host this file runs alone, standard library only
-    from ..reports import CellDocument, CellStep
+    from ..checks.reports import CellDocument, CellStep
 
 STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "train-rl", "upstream", "bench", "bench-decode", "bench-sync")
 #: Each step's own bound, seconds (--timeout overrides them all).

@@ -15,7 +15,7 @@ from packaging import tags
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from ..errors import OverlayError
+from ..core.errors import OverlayError
 
 
 class _Links(html.parser.HTMLParser):

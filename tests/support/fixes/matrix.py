@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 
-from maxtext_rl_overlay.pins import load_project
+from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.maintain.testmatrix import DEVICES as DEVICES  # the tests read the chip count here
+from maxtext_rl_overlay.maintain.testmatrix import load_matrix
 from maxtext_rl_overlay.smoke import cpu_simulation
-from maxtext_rl_overlay.testmatrix import DEVICES as DEVICES  # the tests read the chip count here
-from maxtext_rl_overlay.testmatrix import load_matrix
 from support import ROOT
 
 #: Where the suite runs (scripts/test-matrix.sh --platform): "cpu" simulates

@@ -23,9 +23,9 @@ import tempfile
 import traceback
 from typing import Any
 
-from maxtext_rl_overlay import patchfile
-from maxtext_rl_overlay.git import git
-from maxtext_rl_overlay.pins import read_series
+from maxtext_rl_overlay.config.pins import read_series
+from maxtext_rl_overlay.core.git import git
+from maxtext_rl_overlay.stages import patchfile
 from support import ROOT
 
 PATCHES = ROOT / "patches"

@@ -29,11 +29,11 @@ from typing import Any
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from . import buildcache, cachekeys
-from .digest import sha256_file
-from .errors import OverlayError
-from .output import step
-from .staging import staged_path
+from ..cache import buildcache, cachekeys
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError
+from ..core.output import step
+from ..core.staging import staged_path
 
 #: PyPI, the index pip and uv use when none is configured.
 DEFAULT_INDEX = "https://pypi.org/simple"

@@ -19,32 +19,17 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from . import (
-    buildcache,
-    buildenv,
-    cachekeys,
-    closures,
-    constraintsfile,
-    environment,
-    gittree,
-    indexpages,
-    inputdigests,
-    interrupts,
-    manifest,
-    options,
-    output,
-    overlayfiles,
-    sources,
-    tomledit,
-    wheels,
-)
-from .digest import sha256_file
-from .errors import ExitCode, OverlayError
-from .output import step
+from ..cache import buildcache, cachekeys
+from ..config import environment, options
+from ..config.pins import Pin, Project, load_project, select
+from ..core import gittree, interrupts, manifest, output, tomledit
+from ..core.digest import sha256_file
+from ..core.errors import ExitCode, OverlayError
+from ..core.output import step
+from ..core.staging import check_replaceable, check_replaceable_file, check_writable, recover, scratch_dir, staged_dir, staged_file
+from . import buildenv, closures, constraintsfile, indexpages, inputdigests, overlayfiles, sources, wheels
 from .patching import Engine, apply_series
-from .pins import Pin, Project, load_project, select
 from .publication import begin_pair, end_pair, finish_pair
-from .staging import check_replaceable, check_replaceable_file, check_writable, recover, scratch_dir, staged_dir, staged_file
 
 
 @dataclasses.dataclass

@@ -14,10 +14,10 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 
+from ..config.pins import Project
+from ..core.digest import sha256_file
+from ..core.manifest import ProjectRecord
 from . import buildenv, overlayfiles
-from .digest import sha256_file
-from .manifest import ProjectRecord
-from .pins import Project
 
 #: The part of input_digests() that is the overlay's own wheel.
 OVERLAY = "maxtext-rl-overlay"

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from . import probes, proc
+from .. import probes
+from ..core import proc
 
 
 def key(inputs: dict[str, Any]) -> str:
@@ -35,7 +36,7 @@ def tool_digest() -> str:
     """The sha256 of this package's code and resources: a result made by
     another version of the tool is not reused."""
     digest = hashlib.sha256()
-    package = resources.files(__package__)
+    package = resources.files("maxtext_rl_overlay")
     paths = sorted(p for p in pathlib.Path(str(package)).rglob("*") if p.is_file() and p.suffix in (".py", ".txt"))
     for path in paths:
         digest.update(f"{path.relative_to(str(package))}\0".encode() + path.read_bytes() + b"\0")

@@ -17,9 +17,9 @@ import pathlib
 import re
 from typing import Any, Literal, NotRequired, TypedDict, cast, get_args, overload
 
-from .errors import OverlayError
-from .jsonread import json_object
-from .staging import FileOwner
+from ..core.errors import OverlayError
+from ..core.jsonread import json_object
+from ..core.staging import FileOwner
 
 Kind = Literal["verify", "smoke", "test-matrix", "tpu-cell"]
 KINDS: tuple[Kind, ...] = get_args(Kind)

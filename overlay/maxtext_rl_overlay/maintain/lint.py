@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pathlib
 
-from . import patchfile, testmatrix
-from .errors import ExitCode
-from .pins import load_project
+from ..config.pins import load_project
+from ..core.errors import ExitCode
+from ..stages import patchfile
+from . import testmatrix
 
 
 def problems(root: pathlib.Path) -> tuple[int, list[str]]:

@@ -10,8 +10,9 @@ import re
 import tomllib
 from typing import Any
 
-from . import tomledit
-from .errors import OverlayError
+from ..core import tomledit
+from ..core.errors import OverlayError
+from ..core.staging import write_atomically
 from .options import (
     ProjectOptions,
     boolean,
@@ -26,7 +27,6 @@ from .options import (
     table,
     version,
 )
-from .staging import write_atomically
 
 #: Build order, and the names --only and --source accept.
 DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")

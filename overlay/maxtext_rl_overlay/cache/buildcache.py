@@ -37,9 +37,9 @@ import shutil
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from . import output
-from .errors import ExitCode, OverlayError
-from .staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
+from ..core import output
+from ..core.errors import ExitCode, OverlayError
+from ..core.staging import cannot_write, recover, remove_tree, room_for, staged_dir, write_atomically
 
 #: The cache directory tag (https://bford.info/cachedir/): its first line is fixed by that convention.
 CACHEDIR_TAG = "CACHEDIR.TAG"

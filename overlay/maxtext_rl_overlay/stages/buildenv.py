@@ -48,16 +48,17 @@ from typing import Any
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys, probes
-from .environment import Torch
-from .errors import OverlayError
-from .output import step
-from .proc import run
-from .staging import write_atomically
+from .. import probes
+from ..cache import buildcache, cachekeys
+from ..config.environment import Torch
+from ..core.errors import OverlayError
+from ..core.output import step
+from ..core.proc import run
+from ..core.staging import write_atomically
 
 #: Bumped when what a kept build environment's record says changes.
 BUILDENV_CACHE_FORMAT = 2
-BUILD_CONSTRAINTS = resources.files(__package__) / "resources" / "build-constraints.txt"
+BUILD_CONSTRAINTS = resources.files("maxtext_rl_overlay") / "resources" / "build-constraints.txt"
 #: The pinned build toolchain of a distribution built here, in its pin's folder.
 TOOLCHAIN_FILE = "build-requirements.txt"
 _INPUT = "# Input (the tree's build-system requires, torch aside): "

@@ -19,13 +19,14 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys, gittree, tomledit
+from ..cache import buildcache, cachekeys
+from ..core import gittree, tomledit
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError
+from ..core.output import step
+from ..core.proc import run
+from ..core.staging import scratch_dir
 from .buildenv import BUILD_CONSTRAINTS, BuildEnv
-from .digest import sha256_file
-from .errors import OverlayError
-from .output import step
-from .proc import run
-from .staging import scratch_dir
 
 #: Bumped when what a kept wheel's record says changes.
 WHEEL_CACHE_FORMAT = 1

@@ -198,7 +198,7 @@ def _distribution(d: dict[str, Any]) -> Distribution:
 def load_installed() -> Manifest:
     """The manifest of the installed maxtext-rl-overlay wheel."""
     try:
-        text = (resources.files(__package__) / RESOURCE).read_text()
+        text = (resources.files("maxtext_rl_overlay") / RESOURCE).read_text()
     except FileNotFoundError:
         raise OverlayError(
             "this maxtext-rl-overlay carries no build manifest: it was installed from a source "

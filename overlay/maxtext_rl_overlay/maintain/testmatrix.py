@@ -20,16 +20,19 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from . import indexpages, options, output, proc, reports, tables
-from .cachekeys import python_version
-from .constraintsfile import recorded_cutoff
-from .errors import OverlayError
-from .indexpages import STANDIN_OVERRIDES
-from .options import refuse_unknown
-from .output import step
-from .pins import load_project
-from .smoke.cpu_simulation import DEVICES as DEVICES  # the devices every mesh of the matrix spans (a v6e-8)
-from .verdict import Command, Said, write_report
+from ..cache.cachekeys import python_version
+from ..checks import reports
+from ..checks.verdict import Command, Said, write_report
+from ..config import options
+from ..config.options import refuse_unknown
+from ..config.pins import load_project
+from ..core import output, proc, tables
+from ..core.errors import OverlayError
+from ..core.output import step
+from ..smoke.cpu_simulation import DEVICES as DEVICES  # the devices every mesh of the matrix spans (a v6e-8)
+from ..stages import indexpages
+from ..stages.constraintsfile import recorded_cutoff
+from ..stages.indexpages import STANDIN_OVERRIDES
 
 #: Where the suite runs: "cpu" simulates the 8 chips of a TPU v6e-8, "tpu" is one.
 Platform = Literal["cpu", "tpu"]

@@ -34,10 +34,12 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from . import manifest, probes, proc, reports, tables
-from .digest import sha256_file
-from .errors import OverlayError, TimedOut
-from .manifest import Manifest
+from .. import probes
+from ..core import manifest, proc, tables
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError, TimedOut
+from ..core.manifest import Manifest
+from . import reports
 from .verdict import Command, Said, write_report
 
 #: How long the import check may take (tpu_inference alone imports vLLM,

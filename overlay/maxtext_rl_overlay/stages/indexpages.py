@@ -17,8 +17,8 @@ import zipfile
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from .digest import sha256_file
-from .errors import OverlayError
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError
 
 #: In the index of a stand-in-torch build: what the MaxText form of the install needs.
 STANDIN_OVERRIDES = "torch-standin-overrides.txt"

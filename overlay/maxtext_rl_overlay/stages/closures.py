@@ -38,13 +38,16 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from . import buildcache, cachekeys, options, proc, sources
-from .digest import sha256_file
-from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
-from .errors import OverlayError
+from ..cache import buildcache, cachekeys
+from ..config import options
+from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
+from ..core import proc
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError
+from ..core.output import step
+from ..core.staging import scratch_dir
+from . import sources
 from .indexpages import STANDIN_OVERRIDES
-from .output import step
-from .staging import scratch_dir
 
 #: The resolver's flags (besides the inputs' files), part of the cache key.
 #: Its annotations (`# via ...`: why each package is in the closure) are kept.

@@ -59,8 +59,8 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-_sink: contextvars.ContextVar[Sink] = contextvars.ContextVar("maxtext_rl_overlay.output.sink", default=_stderr)
-_verbose: contextvars.ContextVar[bool] = contextvars.ContextVar("maxtext_rl_overlay.output.verbose", default=False)
+_sink: contextvars.ContextVar[Sink] = contextvars.ContextVar("maxtext_rl_overlay.core.output.sink", default=_stderr)
+_verbose: contextvars.ContextVar[bool] = contextvars.ContextVar("maxtext_rl_overlay.core.output.verbose", default=False)
 
 
 def prefix(who: str = "") -> str:

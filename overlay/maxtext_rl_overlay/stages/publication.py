@@ -14,8 +14,8 @@ import json
 import os
 import pathlib
 
-from . import interrupts, output
-from .staging import sync_dir, write_atomically
+from ..core import interrupts, output
+from ..core.staging import sync_dir, write_atomically
 
 #: The record of a publication in progress, beside its file: `.NAME.publishing`.
 _JOURNAL = ".publishing"

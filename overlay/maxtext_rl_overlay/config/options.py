@@ -23,7 +23,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
-from .errors import OverlayError, UsageError
+from ..core.errors import OverlayError, UsageError
 
 # -- typed values ------------------------------------------------------------
 

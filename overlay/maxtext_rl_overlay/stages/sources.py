@@ -20,13 +20,15 @@ import tarfile
 import zipfile
 from typing import Any
 
-from . import buildcache, gittree, options
-from .errors import OverlayError, TimedOut
-from .git import git, inside_package, reason, tree_entries
-from .git import out as gitout
-from .output import step
-from .pins import Pin
-from .staging import scratch_dir
+from ..cache import buildcache
+from ..config import options
+from ..config.pins import Pin
+from ..core import gittree
+from ..core.errors import OverlayError, TimedOut
+from ..core.git import git, inside_package, reason, tree_entries
+from ..core.git import out as gitout
+from ..core.output import step
+from ..core.staging import scratch_dir
 
 
 @dataclasses.dataclass(frozen=True)

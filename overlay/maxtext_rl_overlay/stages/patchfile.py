@@ -11,8 +11,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import OverlayError
-from .git import git
+from ..core.errors import OverlayError
+from ..core.git import git
 
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Inappropriate")
 # A backport names the upstream commit it carries: "Backport [<commit URL or id>]".

@@ -17,17 +17,19 @@ import shutil
 import tempfile
 from typing import Any, Literal, get_args
 
-from . import buildcache, cachekeys, gittree, patchfile
-from .digest import sha256_file
-from .errors import OverlayError
-from .git import git
-from .manifest import PatchRecord
-from .output import step
+from ..cache import buildcache, cachekeys
+from ..config.pins import Pin
+from ..core import gittree
+from ..core.digest import sha256_file
+from ..core.errors import OverlayError
+from ..core.git import git
+from ..core.manifest import PatchRecord
+from ..core.output import step
+from ..core.proc import output_tail
+from ..core.staging import staged_dir
+from . import patchfile
 from .patchfile import ZERO, PatchFile
-from .pins import Pin
-from .proc import output_tail
 from .sources import Source
-from .staging import staged_dir
 
 #: The two ways of applying a series; they must give the same answers.
 Engine = Literal["git", "patch-ng"]

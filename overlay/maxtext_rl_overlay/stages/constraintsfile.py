@@ -13,12 +13,12 @@ from collections.abc import Mapping
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
+from ..core.errors import OverlayError
+from ..core.manifest import ProjectRecord
+from ..core.staging import FileOwner
 from . import closures, inputdigests
-from .environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
-from .errors import OverlayError
 from .indexpages import STANDIN_OVERRIDES
-from .manifest import ProjectRecord
-from .staging import FileOwner
 
 #: The first line of every constraints file the tool writes: what lets a
 #: build replace an existing --constraints file (and nothing else it finds).

@@ -11,10 +11,10 @@ import fnmatch
 import pathlib
 import shutil
 
-from . import manifest
-from .git import git
-from .git import out as gitout
-from .output import step
+from ..core import manifest
+from ..core.git import git
+from ..core.git import out as gitout
+from ..core.output import step
 
 #: What the overlay's own wheel is made of, in the project (the build adds
 #: the manifest and the exact dependencies on the overlay builds).

@@ -14,8 +14,9 @@ import pathlib
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from . import output, reports, staging
-from .errors import ExitCode, OverlayError
+from ..core import output, staging
+from ..core.errors import ExitCode, OverlayError
+from . import reports
 
 T = TypeVar("T")
 

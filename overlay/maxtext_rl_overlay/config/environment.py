@@ -24,10 +24,10 @@ import zipfile
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
+from ..core.errors import OverlayError
+from ..core.output import step
 from . import registry
-from .errors import OverlayError
 from .options import maxtext_requirement
-from .output import step
 from .pins import Project
 
 #: What the stack runs on: a TPU VM (x86_64 Linux, Python 3.12). The closure
