@@ -29,6 +29,7 @@ import json
 import pathlib
 import re
 import sys
+from collections.abc import Callable
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
@@ -117,28 +118,23 @@ class Finding:
 
     @property
     def shown(self) -> str:
-        """The found column: the value found, with what is wrong with it."""
-        found, detail = self.found, self.detail
-        match self.problem:
-            case Problem.REPLACED:
-                return f"{found}: REPLACED by {detail}"
-            case Problem.OTHER_OVERLAY_BUILD:
-                return f"{found} (another overlay build: install the constraints this one came with)"
-            case Problem.NOT_FROM_WHEEL:
-                return f"{found[:12]} (RECORD says {detail}: not installed from the overlay wheel)"
-            case Problem.STAND_IN:
-                return f"UNPINNED stand-in tree {found}"
-            case Problem.NOT_BUILT:
-                return NOT_BUILT + (f"; installed: {found}, not an overlay build" if found != NOT_INSTALLED else "")
-            case Problem.NOT_ASKED:
-                return f"{detail}: {found}" if detail else found
-            case Problem.SHADOWED:
-                return f"{found} ({SHADOWED})"
-            case Problem.LEFTOVER:
-                return f"{LEFTOVER}: {found}"
-            case Problem.DEVIATION:
-                return f"{found} ({DEVIATION})"
-        return found
+        """The found column: the value found, with what is wrong with it (_SHOWN)."""
+        words = _SHOWN.get(self.problem) if self.problem is not None else None
+        return words(self.found, self.detail) if words else self.found
+
+
+#: The found column, by problem: (found, detail) -> the value found, with what is wrong with it.
+_SHOWN: dict[Problem, Callable[[str, str], str]] = {
+    Problem.REPLACED: lambda found, detail: f"{found}: REPLACED by {detail}",
+    Problem.OTHER_OVERLAY_BUILD: lambda found, _: f"{found} (another overlay build: install the constraints this one came with)",
+    Problem.NOT_FROM_WHEEL: lambda found, detail: f"{found[:12]} (RECORD says {detail}: not installed from the overlay wheel)",
+    Problem.STAND_IN: lambda found, _: f"UNPINNED stand-in tree {found}",
+    Problem.NOT_BUILT: lambda found, _: NOT_BUILT + (f"; installed: {found}, not an overlay build" if found != NOT_INSTALLED else ""),
+    Problem.NOT_ASKED: lambda found, detail: f"{detail}: {found}" if detail else found,
+    Problem.SHADOWED: lambda found, _: f"{found} ({SHADOWED})",
+    Problem.LEFTOVER: lambda found, _: f"{LEFTOVER}: {found}",
+    Problem.DEVIATION: lambda found, _: f"{found} ({DEVIATION})",
+}
 
 #: What `_version` says of a distribution that is not installed.
 NOT_INSTALLED = "not installed"
