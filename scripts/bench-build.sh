@@ -5,4 +5,4 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"
 use_tool_venv "$root"
-exec python "$root/tests/bench/bench_build.py" "$@"
+PYTHONPATH="$root/tests${PYTHONPATH:+:$PYTHONPATH}" exec python "$root/tests/bench/bench_build.py" "$@"

@@ -63,6 +63,7 @@ from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from maxtext_rl_overlay.core import output
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.core.staging import FileOwner, check_replaceable_file, write_atomically
 
@@ -300,14 +301,29 @@ NAME, EMAIL = "maxtext-rl-overlay refresh", "refresh@users.noreply.github.com"
 IDENTITY = {"GIT_AUTHOR_NAME": NAME, "GIT_AUTHOR_EMAIL": EMAIL, "GIT_COMMITTER_NAME": NAME, "GIT_COMMITTER_EMAIL": EMAIL}
 
 
+#: The refresh's lines on the tool's output channel: `[refresh] ...`.
+WHO = "refresh"
+
+
+def _say(text: str) -> None:
+    output.note(WHO, text)
+
+
+def _failed(text: str) -> None:
+    """Why the refresh stopped: said, and under GitHub Actions (where the
+    refresh runs) an error annotation too."""
+    _say(text)
+    output.annotate_error(f"refresh: {text}")
+
+
 class Failed(Exception):
     """A step failed before a pull request could be made."""
 
 
 def _run(cmd: list[str], shown: str) -> Step:
-    print(f"refresh: $ {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    _say(f"$ {shlex.join(cmd)}")
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    print(done.stdout + done.stderr, file=sys.stderr, flush=True)
+    output.relay(done.stdout + done.stderr, who=WHO)
     return Step(shown, done.returncode, done.stdout + done.stderr)
 
 
@@ -388,9 +404,9 @@ def _own_branch(name: str, base: str) -> tuple[str, str]:
         _git("fetch", "-q", "origin", f"refs/heads/{branch}")
         others = sorted({e for e in _git("log", "--format=%ce", f"{base}..{remote}").split() if e != EMAIL})
         if not others:
-            print(f"refresh: {branch} exists on origin with the refresh's commits only: it is updated", file=sys.stderr)
+            _say(f"{branch} exists on origin with the refresh's commits only: it is updated")
             return branch, remote
-        print(f"refresh: {branch} on origin holds commits by {', '.join(others)}: left alone", file=sys.stderr)
+        _say(f"{branch} on origin holds commits by {', '.join(others)}: left alone")
     raise AssertionError("unreachable")
 
 
@@ -404,14 +420,14 @@ def _publish(pr: dict[str, object], body: pathlib.Path, branch: str, lease: str,
         _call("gh", "pr", "edit", number, "--title", title, "--body-file", str(body))
         if bool(found[0]["isDraft"]) != draft:
             _call("gh", "pr", "ready", number, *(["--undo"] if draft else []))
-        print(f"refresh: pull request #{number} updated", file=sys.stderr)
+        _say(f"pull request #{number} updated")
     else:
         base = ["--base", base_branch] if base_branch != "HEAD" else []
         said = _call("gh", "pr", "create", "--head", branch, *base, "--title", title, "--body-file", str(body), *(["--draft"] if draft else []))
-        print(f"refresh: pull request opened: {said}", file=sys.stderr)
+        _say(f"pull request opened: {said}")
     if dispatch:
         _call("gh", "workflow", "run", "checks.yml", "--ref", branch)
-        print(f"refresh: checks.yml started on {branch}", file=sys.stderr)
+        _say(f"checks.yml started on {branch}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _refresh(args)
     except Failed as exc:
-        print(f"refresh: {exc}", file=sys.stderr)
+        _failed(str(exc))
         return 1
 
 
@@ -438,7 +454,7 @@ def _refresh(args: argparse.Namespace) -> int:
         try:
             check_outputs(args.work)  # before any work: pr.md and pr.json are replaced only where they are the refresh's
         except OverlayError as exc:
-            print(f"refresh: error: {exc}", file=sys.stderr)
+            _failed(f"error: {exc}")
             return 3
     try:
         current, versions, repositories = _project_state()
@@ -498,7 +514,7 @@ def _refresh(args: argparse.Namespace) -> int:
     try:
         write_pull_request(args.work, dict(pr, body=body))
     except OverlayError as exc:
-        print(f"refresh: error: {exc}", file=sys.stderr)
+        _failed(f"error: {exc}")
         return 3
     print(f"refresh: pull request {pr['title']!r} on {branch} ({'draft' if pr['draft'] else 'ready'}): {args.work / 'pr.md'}")
     if args.open:

@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from support import ROOT
+
 RUNS = 3
 
 

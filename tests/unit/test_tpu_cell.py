@@ -28,9 +28,9 @@ from maxtext_rl_overlay.checks import verify
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.smoke import run as smoke_run
 from maxtext_rl_overlay.tpucell import bundle, host, hostindex, parts
+from support import ROOT
 from unit.unit_support import installable_wheel
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 HOST_PY = ROOT / "overlay" / "maxtext_rl_overlay" / "tpucell" / "host.py"
 PARTS_PY = ROOT / "overlay" / "maxtext_rl_overlay" / "tpucell" / "parts.py"
 STAND_INS = ROOT / bundle.STAND_INS
