@@ -203,7 +203,8 @@ def test_a_bundle_in_parts_is_put_together_on_the_host_only_when_every_part_is_t
                                ">=3.12")
     wheels = sorted((b / "wheels").glob("*.whl"))
     (b / "wheels" / "SHA256SUMS").write_text("".join(f"{hashlib.sha256(w.read_bytes()).hexdigest()}  {w.name}\n" for w in wheels))
-    (b / "requirements.txt").write_text((b / "requirements.txt").read_text() + "maxtext==0.2.4\n")
+    for listed in ("requirements.txt", "release-closure.txt"):  # the MaxText form's release closure holds it too
+        (b / listed).write_text((b / listed).read_text() + "maxtext==0.2.4\n")
     facts = json.loads((b / bundle.MARKER).read_text())
     left_out = {"tensorflow": "imported only under try/except ImportError", "seqio": "never imported by train_rl or smoke"}
     (b / bundle.MARKER).write_text(json.dumps(facts | {"form": "maxtext", "left_out": left_out, "requires_python_relaxed": {"maxtext": ">=3.12"},

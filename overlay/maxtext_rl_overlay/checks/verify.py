@@ -27,7 +27,6 @@ import enum
 import importlib.metadata as md
 import json
 import pathlib
-import re
 import sys
 from collections.abc import Callable
 
@@ -40,6 +39,7 @@ from ..core import manifest, proc, tables
 from ..core.digest import sha256_file
 from ..core.errors import OverlayError, TimedOut
 from ..core.manifest import Manifest
+from ..probes import host_facts
 from . import reports
 from .verdict import Command, Said, write_report
 
@@ -437,46 +437,25 @@ DEVIATION = "a HOST DEVIATION from the release"
 
 def host_deviations(closure: pathlib.Path) -> list[str]:
     """What this environment runs that differs from the release's closure
-    (`closure`: its `name==version` lines, as the TPU cell's bundle writes
-    them, release-closure.txt, whose header names the release's Python):
-    the Python, each distribution at another version, and those not
-    installed, and those installed although their Requires-Python excludes
-    this Python (MaxText 0.2.4's >=3.12 on a 3.11 host). Said, never
-    accepted silently: verify --host-deviations names each one in its verdict."""
+    (`closure`: the TPU cell's bundle's release-closure.txt, whose header
+    names the release's Python), as probes/host_facts.py's `deviations`
+    gives them (the TPU cell's account too), with the distributions whose
+    Requires-Python excludes this Python. Said, never accepted silently:
+    verify --host-deviations names each one in its verdict."""
     try:
         text = closure.read_text()
     except OSError as exc:
         raise OverlayError(f"--host-deviations {closure}: cannot read it ({exc.strerror}).") from None
-    pins: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line and not line.startswith("-"):
-            name, version = line.split("==", 1)
-            pins[str(canonicalize_name(name))] = version.strip()
-    if not pins:
+    if not host_facts.release_pins(text):
         raise OverlayError(f"--host-deviations {closure}: no name==version lines (give the bundle's release-closure.txt).")
-    said = re.search(r"^#.*\bPython (\d+\.\d+)\b", text, re.MULTILINE)
-    release_python = said.group(1) if said else "not said"
-    python = ".".join(map(str, sys.version_info[:3]))
-    lines = [] if python.startswith(release_python + ".") else [f"Python {python} (the release's: {release_python})"]
-    absent, below = [], []
-    for name, version in sorted(pins.items()):
-        found = _version(name)
-        if found == NOT_INSTALLED:
-            absent.append(name)
-            continue
-        if found != version:
-            lines.append(f"{name} {found} (the release's: {version})")
-        wanted = (md.metadata(name).get_all("Requires-Python") or [""])[0]
-        try:
-            if wanted and not SpecifierSet(wanted).contains(python, prereleases=True):
-                below.append(f"{name} {found} says Requires-Python {wanted}: installed on Python {python} regardless")
-        except InvalidSpecifier:
-            continue
-    lines += below
-    if absent:
-        lines.append(f"not installed ({len(absent)}): {', '.join(absent)}")
-    return lines
+    return host_facts.deviations(text, excludes=_excludes)
+
+
+def _excludes(_name: str, requires_python: str, python: str) -> bool:
+    try:
+        return not SpecifierSet(requires_python).contains(python, prereleases=True)
+    except InvalidSpecifier:
+        return False
 
 
 def accept_deviations(findings: list[Finding], deviations: list[str]) -> list[Finding]:

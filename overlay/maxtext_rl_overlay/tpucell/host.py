@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # cell.json's types are reports'; on the host this file runs alone, standard library only
     from ..checks.reports import CellDocument, CellStep
+
+try:  # in the package (the tests, the bundle's maker)
+    from ..probes import host_facts
+except ImportError:  # on the host, as the bundle's cell.py: the bundle carries the probe beside it
+    import host_facts  # type: ignore[import-not-found, no-redef]
 
 STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "train-rl", "upstream", "bench", "bench-decode", "bench-sync")
 #: Each step's own bound, seconds (--timeout overrides them all).
@@ -57,18 +61,11 @@ LIBTPU_LOCKFILE = pathlib.Path("/tmp/libtpu_lockfile")
 CELL_REPORT_VERSION = 1
 
 
-def _normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+_normal = host_facts.normal
 
 
 def _pins(path: pathlib.Path) -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line and not line.startswith("-"):
-            name, version = line.split("==", 1)
-            pins[_normal(name.split("[")[0])] = version.strip()
-    return pins
+    return host_facts.release_pins(path.read_text())
 
 
 #: The bundle's copy of the tool's probes/host_facts.py, beside this file
@@ -320,27 +317,20 @@ class Cell:
     # -- the report ------------------------------------------------------------
 
     def deviations(self) -> list[str]:
-        """What this host runs that differs from the release's closure."""
-        release = _pins(self.bundle / "release-closure.txt")
-        env = self.env()
-        done = subprocess.run([self.python, "-c", RUN_PROBE, str(self.bundle / FACTS), "0"], env=env, capture_output=True, text=True, timeout=300)
+        """What this host runs that differs from the release's closure, as
+        the probe's `deviations` says in a step's environment (verify
+        --host-deviations says the same; the Requires-Python relaxed, those
+        the bundle names), and what the bundle itself changed: wheels
+        rebuilt for this host, distributions left out."""
+        closure = self.bundle / "release-closure.txt"
+        relaxed = ",".join(_normal(n) for n in self.facts.get("requires_python_relaxed") or {})
+        done = subprocess.run([self.python, "-c", RUN_PROBE, str(self.bundle / FACTS), "deviations", str(closure), relaxed],
+                              env=self.env(), capture_output=True, text=True, timeout=300)
         try:
-            installed = {_normal(n): v for n, (v, _) in json.loads(done.stdout.strip().splitlines()[-1])["distributions"].items()}
-        except (IndexError, ValueError):
+            lines: list[str] = json.loads(done.stdout.strip().splitlines()[-1])["deviations"]
+        except (IndexError, ValueError, KeyError):
             return ["could not be read: " + done.stderr.strip()[-300:]]
-        lines = [f"Python {platform.python_version()} (the release's: {self.facts['release_python']})"]
-        absent = []
-        for name, version in sorted(release.items()):
-            got = installed.get(name)
-            if got is None:
-                absent.append(name)
-            elif got != version:
-                lines.append(f"{name} {got} (the release's: {version})")
-        if absent:
-            lines.append(f"not installed ({len(absent)}): {', '.join(absent)}")
         lines += [f"{w}: {why}" for w, why in self.facts["carried"].items() if "rebuilt" in why]
-        lines += [f"{n} {installed.get(n, 'not installed')} says Requires-Python {w}: installed on Python {platform.python_version()} with "
-                  "that check relaxed" for n, w in sorted((self.facts.get("requires_python_relaxed") or {}).items())]
         lines += [f"left out: {n} ({why})" for n, why in sorted(_left_out(self.facts).items())]
         return lines
 
