@@ -291,13 +291,25 @@ def test_the_scripts_variables_are_used_where_the_schema_says():
     assert not unused, "in config/schema.py but in no script, test or workflow"
 
 
-def test_the_docs_document_every_option():
+def test_the_docs_tables_are_the_schemas():
     """docs/configuration.md (the README's maintainers section links it)
-    has a table row for every key and variable, and none for anything else."""
+    shows the schema's tables, generated: a setting changed in schema.py
+    changes the page in the same commit."""
     page = (ROOT / "docs" / "configuration.md").read_text()
+    assert page == schema.with_tables(page, "docs/configuration.md"), \
+        f"docs/configuration.md's tables differ from config/schema.py: run {schema.REGENERATE} (in the checkout, with .venv/bin/python)"
     documented = set(re.findall(r"(?m)^\| `([^`]+)` \|", page))
-    keys = {*options.PROJECT_KEYS - {"maxtext", "torch"}, *(f"maxtext.{k}" for k in options.MAXTEXT_KEYS), *(f"torch.{k}" for k in options.TORCH_KEYS)}
-    keys |= {*pins._PIN_KEYS - {"build", "rebase"}, *(f"build.{k}" for k in pins._BUILD_KEYS), *(f"rebase.{k}" for k in pins._REBASE_KEYS)}
-    keys |= {*options.VARIABLES, *options.TEST_VARIABLES}
-    assert keys <= documented, f"not in docs/configuration.md: {sorted(keys - documented)}"
-    assert documented <= keys, f"documented but not options: {sorted(documented - keys)}"
+    assert documented == {s.name for s in schema.SETTINGS}, "a table row outside the generated part"
+
+
+def test_the_generator_prints_the_tables_and_rewrites_only_its_part(tmp_path):
+    command = [sys.executable, "-m", "maxtext_rl_overlay.config.schema", "--markdown"]
+    printed = subprocess.run(command, capture_output=True, text=True)
+    assert printed.returncode == 0 and printed.stdout == schema.markdown()
+    page = tmp_path / "page.md"
+    page.write_text(f"# prose\n\n{schema.BEGIN}\n| stale |\n{schema.END}\nmore prose\n")
+    assert subprocess.run([*command, str(page)]).returncode == 0
+    assert page.read_text() == f"# prose\n\n{schema.BEGIN}\n\n{schema.markdown()}\n{schema.END}\nmore prose\n"
+    page.write_text("# no markers\n")
+    refused = subprocess.run([*command, str(page)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "expected the lines" in refused.stderr and page.read_text() == "# no markers\n"

@@ -5,12 +5,18 @@ environment variable), its type and its default in words, and what it means.
 The readers take their known keys from here (options.py: the project table's
 and the environment's; pins.py: the pin file's), so a key one of them reads
 cannot be missing here, nor the other way round (tests/unit/test_options.py);
-docs/configuration.md's tables say the same. Standard library only, and
-nothing else of the package: it is data."""
+docs/configuration.md's tables are generated from here:
+
+    python -m maxtext_rl_overlay.config.schema --markdown docs/configuration.md
+
+rewrites the page's generated part in place (without the page: prints it).
+Standard library only, and nothing else of the package: it is data."""
 
 from __future__ import annotations
 
 import dataclasses
+import pathlib
+import sys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,3 +142,54 @@ def keys(place: Place, table: str = "") -> frozenset[str]:
 def meanings(place: Place) -> dict[str, str]:
     """A place's settings by name: what each means."""
     return {s.name: s.meaning for s in settings_of(place)}
+
+
+# -- docs/configuration.md ----------------------------------------------------
+
+#: The generated part of docs/configuration.md lies between these two lines;
+#: the prose around it is written by hand.
+BEGIN = "<!-- generated from overlay/maxtext_rl_overlay/config/schema.py: edit it, then run " \
+        "python -m maxtext_rl_overlay.config.schema --markdown docs/configuration.md -->"
+END = "<!-- end of the generated tables -->"
+REGENERATE = "python -m maxtext_rl_overlay.config.schema --markdown docs/configuration.md"
+
+
+def markdown() -> str:
+    """The tables, a place each, as docs/configuration.md shows them."""
+    parts = []
+    for place in PLACES:
+        rows = [f"| {place.column} | type | default | meaning |", "|---|---|---|---|"]
+        rows += [f"| `{s.name}` | {s.type} | {s.default} | {s.meaning} |" for s in settings_of(place)]
+        parts.append(place.caption + "\n\n" + "\n".join(rows) + "\n")
+    return "\n".join(parts)
+
+
+def with_tables(page: str, where: str) -> str:
+    """`page` with its generated part (between BEGIN and END) made from the
+    schema; ValueError where the markers are not there once each, in order."""
+    before, begin, rest = page.partition(BEGIN + "\n")
+    old, end, after = rest.partition(END + "\n")
+    if not begin or not end or BEGIN in rest or END in after:
+        raise ValueError(f"{where}: expected the lines {BEGIN!r} and {END!r} once each, in that order")
+    return before + BEGIN + "\n\n" + markdown() + "\n" + END + "\n" + after
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["--markdown"] or len(argv) > 2:
+        print("usage: python -m maxtext_rl_overlay.config.schema --markdown [PAGE]\n"
+              "  prints the tables of docs/configuration.md, or rewrites PAGE's generated part in place", file=sys.stderr)
+        return 2
+    if len(argv) == 1:
+        sys.stdout.write(markdown())
+        return 0
+    page = pathlib.Path(argv[1])
+    try:
+        page.write_text(with_tables(page.read_text(), str(page)))
+    except (OSError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
