@@ -1,9 +1,12 @@
 """The options layer (options.py): pyproject.toml's [tool.maxtext-rl-overlay],
 the pin files and the MRL_* variables are checked and typed where they are
-read, with their defaults in one place and their schema in docs/configuration.md."""
+read, with their names, types and defaults in one place (schema.py), which
+docs/configuration.md's tables say."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import pathlib
 import re
 import shutil
@@ -12,7 +15,7 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay.config import options, pins
+from maxtext_rl_overlay.config import options, pins, schema
 from maxtext_rl_overlay.config.pins import load_project
 from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
@@ -232,13 +235,81 @@ def test_every_mrl_variable_of_the_tool_is_read_in_options_only():
     assert set(reads.findall((package / "config" / "options.py").read_text())) == set(options.VARIABLES)
 
 
-def test_the_docs_document_every_option():
+def _keys_read(*readers) -> set[str]:
+    """The keys `readers` read by name: the literal key of a typed read
+    (options.string(data, "key", ...) and the like) or of a dict's get."""
+    typed = {"string", "boolean", "natural", "strings", "version", "iso_date", "cutoff", "requirements", "string_table", "_get"}
+    found = set()
+    for reader in readers:
+        for node in ast.walk(ast.parse(inspect.getsource(reader).lstrip())):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Name) and node.func.id in typed and len(node.args) > 1:
+                key = node.args[1]
+            elif isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+                key = node.args[0]
+            else:
+                continue
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                found.add(key.value)
+    return found
+
+
+@pytest.mark.parametrize(("place", "readers"), [
+    (schema.PYPROJECT, (options.project_options,)),
+    (schema.PIN, (pins.read_pin, pins.read_rebase_policy)),
+])
+def test_the_readers_read_exactly_the_schemas_keys(place, readers):
+    """The readers refuse a key the schema lacks (their known keys are the
+    schema's); this checks the other way: each key the schema declares, and
+    each of its sub-tables, is read, and nothing else is."""
+    declared = {part for s in schema.settings_of(place) for part in s.name.split(".")}
+    read = _keys_read(*readers)
+    assert read - declared == set(), f"read by {', '.join(r.__name__ for r in readers)} but not in config/schema.py"
+    assert declared - read == set(), f"in config/schema.py but never read by {', '.join(r.__name__ for r in readers)}"
+
+
+def test_the_schema_declares_each_setting_once_and_in_full():
+    names = [(s.place.name, s.name) for s in schema.SETTINGS]
+    assert len(names) == len(set(names)), "a setting declared twice"
+    variables = [s.name for s in schema.SETTINGS if s.place.column == "variable"]
+    assert len(variables) == len(set(variables)), "a variable in two places"
+    assert all(re.fullmatch(r"MRL_[A-Z0-9_]+", name) for name in variables)
+    assert {s.place for s in schema.SETTINGS} == set(schema.PLACES)
+    empty = [s.name for s in schema.SETTINGS if not (s.type and s.default and s.meaning)]
+    assert not empty, "a setting without its type, default or meaning"
+    assert not [s.name for s in schema.SETTINGS if "|" in s.type + s.default + s.meaning], "a | would split the docs' row"
+
+
+def test_the_scripts_variables_are_used_where_the_schema_says():
+    """The schema's variables of the scripts, the tests and the workflows are
+    each read there (a variable they stopped reading leaves the schema too)."""
+    places = [ROOT / "scripts", ROOT / "tests", ROOT / ".github"]
+    text = "\n".join(p.read_text(errors="replace") for place in places for p in place.rglob("*")
+                     if p.is_file() and p.suffix in (".py", ".sh", ".yml", ".toml"))
+    unused = [name for name in options.TEST_VARIABLES if not re.search(rf"\b{name}\b", text)]
+    assert not unused, "in config/schema.py but in no script, test or workflow"
+
+
+def test_the_docs_tables_are_the_schemas():
     """docs/configuration.md (the README's maintainers section links it)
-    has a table row for every key and variable, and none for anything else."""
+    shows the schema's tables, generated: a setting changed in schema.py
+    changes the page in the same commit."""
     page = (ROOT / "docs" / "configuration.md").read_text()
+    assert page == schema.with_tables(page, "docs/configuration.md"), \
+        f"docs/configuration.md's tables differ from config/schema.py: run {schema.REGENERATE} (in the checkout, with .venv/bin/python)"
     documented = set(re.findall(r"(?m)^\| `([^`]+)` \|", page))
-    keys = {*options.PROJECT_KEYS - {"maxtext", "torch"}, *(f"maxtext.{k}" for k in options.MAXTEXT_KEYS), *(f"torch.{k}" for k in options.TORCH_KEYS)}
-    keys |= {*pins._PIN_KEYS - {"build", "rebase"}, *(f"build.{k}" for k in pins._BUILD_KEYS), *(f"rebase.{k}" for k in pins._REBASE_KEYS)}
-    keys |= {*options.VARIABLES, *options.TEST_VARIABLES}
-    assert keys <= documented, f"not in docs/configuration.md: {sorted(keys - documented)}"
-    assert documented <= keys, f"documented but not options: {sorted(documented - keys)}"
+    assert documented == {s.name for s in schema.SETTINGS}, "a table row outside the generated part"
+
+
+def test_the_generator_prints_the_tables_and_rewrites_only_its_part(tmp_path):
+    command = [sys.executable, "-m", "maxtext_rl_overlay.config.schema", "--markdown"]
+    printed = subprocess.run(command, capture_output=True, text=True)
+    assert printed.returncode == 0 and printed.stdout == schema.markdown()
+    page = tmp_path / "page.md"
+    page.write_text(f"# prose\n\n{schema.BEGIN}\n| stale |\n{schema.END}\nmore prose\n")
+    assert subprocess.run([*command, str(page)]).returncode == 0
+    assert page.read_text() == f"# prose\n\n{schema.BEGIN}\n\n{schema.markdown()}\n{schema.END}\nmore prose\n"
+    page.write_text("# no markers\n")
+    refused = subprocess.run([*command, str(page)], capture_output=True, text=True)
+    assert refused.returncode == 1 and "expected the lines" in refused.stderr and page.read_text() == "# no markers\n"

@@ -1,12 +1,12 @@
 """The tool's options besides its command line, checked and typed: the
 `[tool.maxtext-rl-overlay]` table of pyproject.toml (and what the build reads
-of its `[project]` table) and the MRL_* environment variables. Their names,
-types and defaults are declared here and nowhere else, and each value is
-checked when it is read: a wrong type, or a misspelt key (with the nearest
+of its `[project]` table) and the MRL_* environment variables. Their names
+are schema.py's (which also documents their types and defaults, and
+generates docs/configuration.md's tables); each value is checked when it is
+read: a wrong type, or a misspelt key (with the nearest
 known one), is refused with its place and what was expected, instead of
 falling back to a default or failing later. The pin files (pins.py) and the
-matrix table (testmatrix.py) are read with the same checks. docs/configuration.md
-documents the schema. Also here: the one value of the command line that two
+matrix table (testmatrix.py) are read with the same checks. Also here: the one value of the command line that two
 stages read (an upstream's source, NAME=PATH)."""
 
 from __future__ import annotations
@@ -17,18 +17,19 @@ import difflib
 import os
 import pathlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from ..core.errors import OverlayError, UsageError
+from . import schema
 
 # -- typed values ------------------------------------------------------------
 
 
-def refuse_unknown(found: set[str], known: set[str], where: str) -> None:
+def refuse_unknown(found: Set[str], known: Set[str], where: str) -> None:
     """A misspelt key would otherwise fall back to a default silently."""
     unknown = sorted(found - known)
     if unknown:
@@ -213,10 +214,11 @@ def project_root(given: pathlib.Path | None, start: pathlib.Path | None = None) 
 
 # -- pyproject.toml [tool.maxtext-rl-overlay] -------------------------------
 
-#: The table's own keys; `matrix` has its schema in testmatrix.load_matrix.
-PROJECT_KEYS = {"revision", "resolution-cutoff", "maxtext", "torch", "matrix"}
-MAXTEXT_KEYS = {"extra", "overrides-file", "vllm-adapter"}
-TORCH_KEYS = {"find-links"}
+#: The table's own keys (`matrix`'s inside are testmatrix.load_matrix's), and
+#: its sub-tables'.
+PROJECT_KEYS = schema.keys(schema.PYPROJECT)
+MAXTEXT_KEYS = schema.keys(schema.PYPROJECT, "maxtext")
+TORCH_KEYS = schema.keys(schema.PYPROJECT, "torch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,13 +330,8 @@ def maxtext_requirement(extras: Mapping[str, Any], maxtext: MaxTextOptions, pypr
 
 # -- the environment ----------------------------------------------------------
 
-#: Every MRL_* variable the tool reads, and what it means (its default).
-VARIABLES = {
-    "MRL_CACHE_DIR": "the build cache (default: $XDG_CACHE_HOME/maxtext-rl-overlay, or ~/.cache/maxtext-rl-overlay)",
-    "MRL_REFRESH": "1: resolve the closure afresh, whatever the cache holds (default: 0)",
-    "MRL_PYTHON": "the interpreter of the matrix's cells, tried before python3.X on PATH and pyenv's (default: none)",
-    "MRL_HOST_STAND_INS_ACTIVE": "set by the TPU cell's host stand-ins: those active in this process, 'NAME: what; ...' (default: none)",
-}
+#: Every MRL_* variable the tool reads, and what it means.
+VARIABLES = schema.meanings(schema.TOOL_ENVIRONMENT)
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
@@ -359,6 +356,5 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 #: MRL_* variables of the scripts and the test suites, not of the tool
-#: (docs/configuration.md lists them with the tool's).
-TEST_VARIABLES = ("MRL_SOURCES", "MRL_WORK", "MRL_KEEP", "MRL_PLATFORM", "MRL_QUICK", "MRL_MAXTEXT", "MRL_MAXTEXT_SHIMS",
-                  "MRL_BENCH_PYTHON", "MRL_PAGES_URL", "MRL_KILL_POINTS", "MRL_PYTHON311", "MRL_HOST_STAND_INS", "MRL_HOST_STAND_IN_PORT")
+#: (the schema lists them with the tool's, for the docs).
+TEST_VARIABLES = tuple(schema.meanings(schema.SCRIPT_ENVIRONMENT))

@@ -13,6 +13,7 @@ from typing import Any
 from ..core import tomledit
 from ..core.errors import OverlayError
 from ..core.staging import write_atomically
+from . import schema
 from .options import (
     ProjectOptions,
     boolean,
@@ -144,9 +145,10 @@ def read_series(directory: pathlib.Path) -> tuple[pathlib.Path, ...]:
     return tuple(paths)
 
 
-_PIN_KEYS = {"distribution", "import-package", "repository", "commit", "tree", "date", "version", "build", "rebase"}
-_BUILD_KEYS = {"env", "requirements", "requirement-files", "torch"}
-_REBASE_KEYS = {"version", "last-known-good"}
+_PIN_KEYS = schema.keys(schema.PIN)
+_BUILD_KEYS = schema.keys(schema.PIN, "build")
+_REBASE_KEYS = schema.keys(schema.PIN, "rebase")
+# The parts of one value (schema.py's `rebase.last-known-good`), not settings of their own.
 _LAST_KNOWN_GOOD_KEYS = {"file", "pin"}
 
 
