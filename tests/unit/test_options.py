@@ -284,11 +284,22 @@ def test_the_schema_declares_each_setting_once_and_in_full():
 def test_the_scripts_variables_are_used_where_the_schema_says():
     """The schema's variables of the scripts, the tests and the workflows are
     each read there (a variable they stopped reading leaves the schema too)."""
-    places = [ROOT / "scripts", ROOT / "tests", ROOT / ".github"]
+    places = [ROOT / "scripts", ROOT / "tests", ROOT / ".github", ROOT / "overlay" / "maxtext_rl_overlay" / "tpucell"]
     text = "\n".join(p.read_text(errors="replace") for place in places for p in place.rglob("*")
                      if p.is_file() and p.suffix in (".py", ".sh", ".yml", ".toml"))
     unused = [name for name in options.TEST_VARIABLES if not re.search(rf"\b{name}\b", text)]
     assert not unused, "in config/schema.py but in no script, test or workflow"
+
+
+def test_every_mrl_variable_read_anywhere_is_in_the_schema():
+    """The other way round: an MRL_* variable that the package, the scripts,
+    the tests or the workflows name is a setting of the schema (and so a row
+    of docs/configuration.md)."""
+    places = [ROOT / "overlay", ROOT / "scripts", ROOT / "tests", ROOT / ".github", ROOT / "image"]
+    named = {name for place in places for p in place.rglob("*") if p.is_file() and p.suffix in (".py", ".sh", ".yml", ".toml", "")
+             for name in re.findall(r"\bMRL_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(errors="replace"))}
+    missing = sorted(named - {s.name for s in schema.SETTINGS})
+    assert not missing, f"named in the project but not in config/schema.py: {missing}"
 
 
 def test_the_docs_tables_are_the_schemas():

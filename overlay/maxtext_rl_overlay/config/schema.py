@@ -32,7 +32,8 @@ PIN = Place("pin", "`patches/<dist>/pin.toml`:", "key")
 TOOL_ENVIRONMENT = Place("environment", "Environment variables of the tool:", "variable")
 # Listed for the docs' sake: the tool never reads them (tests/unit/test_options.py
 # checks that it reads the ones above and no other).
-SCRIPT_ENVIRONMENT = Place("scripts", "and of the scripts, the tests and the workflows (the tool does not read them):", "variable")
+SCRIPT_ENVIRONMENT = Place("scripts", "and of the scripts, the tests, the workflows and the TPU cell's host side (the tool's "
+                           "commands do not read them):", "variable")
 PLACES = (PYPROJECT, PIN, TOOL_ENVIRONMENT, SCRIPT_ENVIRONMENT)
 
 
@@ -123,6 +124,22 @@ SETTINGS = (
             "the port `no-inet-sockets` answers for vLLM's `get_open_port`"),
     Setting(SCRIPT_ENVIRONMENT, "MRL_PAGES_URL", "a URL", "none",
             "a repository variable of the release workflow: a custom GitHub Pages domain"),
+    Setting(SCRIPT_ENVIRONMENT, "MRL_MAXTEXT_IMAGE", "`IMAGE@sha256:<digest>`", "none (the release is not published)",
+            "a repository variable of the release workflow: MaxText's post-training image, pinned by digest, that the "
+            "release's image is layered onto, `verify` its gate"),
+    Setting(SCRIPT_ENVIRONMENT, "MRL_TPU_RUNNER", "a runner label", "none (the release is not published)",
+            "a repository variable of the release workflow: the self-hosted TPU runner (`tpu-v6e-8`) its smoke runs on"),
+    Setting(SCRIPT_ENVIRONMENT, "MRL_IMAGE_CLOSURE", "`1`", "none",
+            "`1`: `tests/pipeline/test_image.py` also runs its two closure tests (a base image of ~10 GB)"),
+    Setting(SCRIPT_ENVIRONMENT, "MRL_IMAGE_CLOSURE_BASE", "`IMAGE@sha256:<digest>`", "none (made by the test)",
+            "the base image holding the closure for those tests, where one was made before"),
+    Setting(SCRIPT_ENVIRONMENT, "MRL_IMAGE_RELEASE", "a folder", "none (a release made by the test)",
+            "a `scripts/build-wheels.sh` `dist/` that `tests/pipeline/test_image.py` layers onto its base image"),
+    Setting(SCRIPT_ENVIRONMENT, "MRL_TPU_CHIPS", "a number", "none",
+            "set by the TPU cell for `tests/fixes`: the host's chips, counted before the suite (its process stays off them)"),
+    Setting(SCRIPT_ENVIRONMENT, "MRL_TPU_CELL_STOP_AT", "seconds since 1970", "none",
+            "set by the TPU cell for its pytest steps: when the step's bound ends, for its plugin (`-p cell`) to stop before a "
+            "test that could not finish"),
 )
 
 
