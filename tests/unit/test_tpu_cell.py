@@ -25,6 +25,7 @@ import pytest
 
 from maxtext_rl_overlay import probes
 from maxtext_rl_overlay.checks import verify
+from maxtext_rl_overlay.config.options import settings
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.smoke import run as smoke_run
 from maxtext_rl_overlay.tpucell import bundle, host, hostindex, parts
@@ -356,7 +357,7 @@ def test_smoke_on_a_host_that_refuses_inet_sockets_says_so_and_names_the_stand_i
     assert caught.value.status == 3
     monkeypatch.setenv("MRL_HOST_STAND_INS_ACTIVE", "no-inet-sockets: vLLM's get_open_port answers 29511 unbound")
     smoke_run._check_inet_sockets()
-    assert smoke_run.host_stand_ins() == ["no-inet-sockets: vLLM's get_open_port answers 29511 unbound"]
+    assert settings().host_stand_ins == ("no-inet-sockets: vLLM's get_open_port answers 29511 unbound",)
 
 
 def test_the_stand_ins_are_active_only_where_named(tmp_path):

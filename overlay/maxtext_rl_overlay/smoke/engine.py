@@ -34,6 +34,7 @@ import time
 import traceback
 from typing import Any
 
+from ..config.options import settings
 from . import configurations
 from .configurations import EngineConfiguration
 from .protocol import DONE, Generate, Request, Result, SecondModel, progress_file
@@ -129,9 +130,8 @@ class Engine:
             self.result.stand_ins = [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
             count_live_arrays_as_memory()
             self.result.stand_ins.append("memory statistics: live arrays' bytes against 1 GiB a device")
-        from .run import host_stand_ins
-
-        self.result.stand_ins += [f"{HOST_STAND_IN}: {s}" for s in host_stand_ins()]
+        # The TPU cell's host stand-ins active in this process ("name: what it replaces"); none on a TPU VM.
+        self.result.stand_ins += [f"{HOST_STAND_IN}: {s}" for s in settings().host_stand_ins]
         from tpu_inference.runner.tpu_runner import TPUModelRunner
 
         init_mesh = TPUModelRunner._init_mesh

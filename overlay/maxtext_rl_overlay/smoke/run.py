@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import probes
+from ..config.options import settings
 from ..core import proc
 from ..core.errors import CheckFailed, ExitCode, OverlayError, TimedOut
 from ..core.output import step
@@ -150,21 +151,13 @@ def _llama_configuration(opts: SmokeOptions, work: pathlib.Path) -> Configuratio
 SOCKETS_STAND_IN = "no-inet-sockets"
 
 
-def host_stand_ins() -> list[str]:
-    """The TPU cell's host stand-ins active in this process, as the cell's
-    sitecustomize lists them ("name: what it replaces"); none on a TPU VM."""
-    from ..config.options import settings
-
-    return list(settings().host_stand_ins)
-
-
 def _check_inet_sockets() -> None:
     """vLLM's engine asks for a free inet port and makes a gloo group: on a
     host that refuses inet sockets it would die in a traceback."""
     try:
         socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
     except OSError as error:
-        if any(s.startswith(SOCKETS_STAND_IN + ":") for s in host_stand_ins()):
+        if any(s.startswith(SOCKETS_STAND_IN + ":") for s in settings().host_stand_ins):
             return
         raise CannotRun(f"this host refuses inet sockets ({error}): vLLM's engine binds a port and makes a gloo group with them. "
                         f"The TPU cell's stand-in {SOCKETS_STAND_IN!r} replaces both (docs/tpu-cell.md: run.sh --host-stand-ins "
