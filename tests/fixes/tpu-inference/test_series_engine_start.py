@@ -151,6 +151,15 @@ def engines(checkpoint, tmp_path_factory, request):
     return engine
 
 
+def check_generated_on_the_7_axis_mesh(result, reference, record_property):
+    """The engine started on NEW_MODEL_DESIGN's mesh (Auto axes, every device
+    on `model`), ran without error and generated the reference's tokens."""
+    record_run(record_property, result)
+    assert set(result["mesh_layout"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["model"] == 8, result["mesh"]
+    assert not result.get("error"), describe(result)
+    check_reference(result, reference, record_property)
+
+
 def check_reference(result, reference, record_property) -> float:
     """The engine's greedy tokens are the reference's (transformers', or
     MaxText's own forward); returns the largest logprob difference."""
@@ -232,10 +241,7 @@ def test_engine_generates_the_reference_tokens_on_the_reported_configuration(ker
 @pytest.mark.parametrize("kernels", [KERNELS])
 def test_upstream_generates_the_reference_tokens_on_the_new_model_design_mesh(kernels, engines, reference, record_property):
     result = engines("new-model-design", True)
-    record_run(record_property, result)
-    assert set(result["mesh_layout"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["model"] == 8, result["mesh"]
-    assert not result.get("error"), describe(result)
-    check_reference(result, reference, record_property)
+    check_generated_on_the_7_axis_mesh(result, reference, record_property)
     # The pin's sampler on the engine's Auto mesh: the sampled and logprobs
     # programs all-gather the whole [B, V] logits (patch 0006 removes that).
     programs = sampler_programs(result)
@@ -281,10 +287,7 @@ def test_maxtext_model_generates_maxtexts_own_tokens(kernels, engines, maxtext_m
     LOGPROB_TOLERANCE."""
     _, reference = maxtext_model
     result = engines("maxtext", False)
-    record_run(record_property, result)
-    assert set(result["mesh_layout"]["axis_types"]) == {"AxisType.Auto"} and result["mesh"]["model"] == 8, result["mesh"]
-    assert not result.get("error"), describe(result)
-    check_reference(result, reference, record_property)
+    check_generated_on_the_7_axis_mesh(result, reference, record_property)
     # Patch 0006 on the 7-axis mesh: no sampling or logprobs program gathers the vocab.
     programs = sampler_programs(result)
     assert programs and all(v == [] for v in programs.values()), programs
