@@ -66,9 +66,10 @@ def test_verify_depends_on_the_format_alone():
         imported = {n.module.rsplit(".", 1)[-1] for n in froms if n.module and n.module.rsplit(".", 1)[-1] not in folders}
         imported |= {a.name for n in froms if not n.module or n.module.rsplit(".", 1)[-1] in folders for a in n.names}
         # (staging: its atomic write of verify --json FILE, no build logic; output: the channel its NO goes through;
-        # verdict: the skeleton the verdict commands share, over those two; jsonread: the JSON reader)
+        # verdict: the skeleton the verdict commands share, over those two; jsonread: the JSON reader;
+        # host_facts: a probe, standard library only, whose account of a host's deviations the TPU cell shares)
         assert imported <= {"manifest", "proc", "errors", "digest", "tables", "probes", "reports", "staging", "output", "verdict",
-                            "jsonread"}, (module, imported)
+                            "jsonread", "host_facts"}, (module, imported)
 
 
 def test_verify_fails_on_a_distribution_the_release_was_built_without():
