@@ -324,6 +324,7 @@ def test_the_maxtext_aliases_stand_in_rewrites_only_its_two_modules_and_only_whe
 
 
 def test_an_unknown_step_or_stand_in_is_a_usage_error(tmp_path):
+    shutil.copytree(STAND_INS, tmp_path / host.STAND_INS_FILE.parent)  # the bundle's stand-ins, whose NAMES the cell accepts
     with pytest.raises(SystemExit):
         host.main(["--bundle", str(tmp_path), "--report", str(tmp_path / "r"), "--steps", "verify,chip"])
     with pytest.raises(SystemExit):
@@ -495,3 +496,15 @@ def test_the_cells_pytest_plugin_counts_a_setup_only_for_a_test_that_makes_its_f
         first.session.shouldstop = False
     host.pytest_runtest_teardown(first, None)
     assert first.session.shouldstop is False, "no next test: nothing to stop"
+
+
+def test_the_cell_knows_the_stand_ins_from_the_ones_the_bundle_carries(tmp_path):
+    """The names --host-stand-ins accepts are the carried sitecustomize.py's
+    NAMES, read without running it: one list, the stand-ins' own."""
+    (tmp_path / "stand-ins").mkdir()
+    shutil.copy2(STAND_INS / "sitecustomize.py", tmp_path / host.STAND_INS_FILE)
+    spec = importlib.util.spec_from_file_location("mrl_stand_ins_names", STAND_INS / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    stand_ins = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stand_ins)  # none asked in this process: it only defines them
+    assert host.carried_stand_ins(tmp_path) == stand_ins.NAMES and "maxtext-py311-aliases" in stand_ins.NAMES

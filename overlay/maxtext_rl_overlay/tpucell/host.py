@@ -15,6 +15,7 @@ named with --host-stand-ins, and every step says which were."""
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime
 import hashlib
@@ -50,8 +51,22 @@ MIN_STEP_SECONDS = 60
 ENGINE_TESTS = "tests/fixes/test_smoke.py"
 #: train_rl on the chips, each run in a process of its own (MaxText needed): as ENGINE_TESTS.
 TRAIN_RL_TESTS = "tests/fixes/test_train_rl.py"
-#: The host stand-ins the bundle carries (stand-ins/sitecustomize.py holds each).
-STAND_INS = ("no-inet-sockets", "torch-2.13-torchax", "torchvision-no-ops", "maxtext-py311-aliases")
+#: Where the bundle carries its host stand-ins (the tool's scripts/tpu-cell/stand_ins): NAMES there lists them.
+STAND_INS_FILE = pathlib.Path("stand-ins") / "sitecustomize.py"
+
+
+def carried_stand_ins(bundle: pathlib.Path) -> tuple[str, ...]:
+    """The host stand-ins the bundle carries: its sitecustomize.py's NAMES,
+    read, not imported (an import would activate those named in the
+    environment)."""
+    try:
+        text = (bundle / STAND_INS_FILE).read_text()
+    except OSError as error:
+        raise SystemExit(f"tpu-cell: cannot read the stand-ins this bundle carries: {error}") from None
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NAMES" for t in node.targets):
+            return tuple(ast.literal_eval(node.value))
+    raise SystemExit(f"tpu-cell: {bundle / STAND_INS_FILE} lists no NAMES")
 #: The variable that names the active stand-ins for sitecustomize.py.
 STAND_INS_VARIABLE = "MRL_HOST_STAND_INS"
 INSTALLED = ".mrl-tpu-cell-installed"
@@ -531,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bundle", type=pathlib.Path, required=True, help=argparse.SUPPRESS)
     parser.add_argument("--report", type=pathlib.Path, required=True, metavar="DIR", help="where cell.json and cell.md go (and are added to)")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, in this order: {','.join(STEPS)} (default: all)")
-    parser.add_argument("--host-stand-ins", default="", metavar="NAME,...", help=f"the stand-ins to activate, by name: {', '.join(STAND_INS)}")
+    parser.add_argument("--host-stand-ins", default="", metavar="NAME,...",
+                        help=f"the stand-ins to activate, by name (the bundle's {STAND_INS_FILE} lists them: NAMES)")
     parser.add_argument("--target", type=pathlib.Path, metavar="DIR", help="where the bundle installs (default: BUNDLE/../site)")
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="each step's bound (default: its own, under 10 minutes)")
     parser.add_argument("--budget", type=float, metavar="SECONDS",
@@ -544,9 +560,10 @@ def main(argv: list[str] | None = None) -> int:
     steps = [s for s in args.steps.split(",") if s]
     wrong = [s for s in steps if s not in STEPS]
     stand_ins = [s for s in args.host_stand_ins.split(",") if s]
-    unknown = [s for s in stand_ins if s not in STAND_INS]
+    carried = carried_stand_ins(args.bundle) if stand_ins else ()
+    unknown = [s for s in stand_ins if s not in carried]
     if wrong or unknown:
-        parser.error(f"unknown step(s) {wrong}" if wrong else f"unknown stand-in(s) {unknown}; the bundle carries {', '.join(STAND_INS)}")
+        parser.error(f"unknown step(s) {wrong}" if wrong else f"unknown stand-in(s) {unknown}; the bundle carries {', '.join(carried)}")
     if args.passthrough and len(steps) != 1:
         parser.error("arguments after -- go to one step: name only that one with --steps")
     args.host_stand_ins = stand_ins
