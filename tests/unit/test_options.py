@@ -285,8 +285,9 @@ def test_the_scripts_variables_are_used_where_the_schema_says():
     """The schema's variables of the scripts, the tests and the workflows are
     each read there (a variable they stopped reading leaves the schema too)."""
     places = [ROOT / "scripts", ROOT / "tests", ROOT / ".github", ROOT / "overlay" / "maxtext_rl_overlay" / "tpucell"]
-    absent = [str(p.relative_to(ROOT)) for p in places if not p.is_dir()]
-    if absent:  # a rebase's fast tests run in a copy of the checkout that need not hold them all
+    suites = [ROOT / "tests" / suite for suite in ("fixes", "pipeline", "rebase", "bench")]
+    absent = [str(p.relative_to(ROOT)) for p in places + suites if not p.is_dir()]
+    if absent:  # a rebase's fast tests run in a copy of the checkout that holds tests/unit alone of the suites
         pytest.skip(f"this copy of the project lacks {', '.join(absent)}: would have checked that every variable of the "
                     "scripts, tests, workflows and TPU cell in config/schema.py is still used there")
     text = "\n".join(p.read_text(errors="replace") for place in places for p in place.rglob("*")
