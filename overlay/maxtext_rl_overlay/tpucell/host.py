@@ -76,13 +76,6 @@ LIBTPU_LOCKFILE = pathlib.Path("/tmp/libtpu_lockfile")
 CELL_REPORT_VERSION = 1
 
 
-_normal = host_facts.normal
-
-
-def _pins(path: pathlib.Path) -> dict[str, str]:
-    return host_facts.release_pins(path.read_text())
-
-
 #: The bundle's copy of the tool's probes/host_facts.py, beside this file
 #: (cell.py): run with the host's python and a step's PYTHONPATH, it says what
 #: is installed where and, asked, jax's devices.
@@ -168,9 +161,9 @@ class Cell:
         host = self.host_facts(devices=False)
         self.check_host(host)
         self.check_sums()
-        kept = {_normal(n) for n in host["host_path_distributions"]}
-        skipped: set[str] = set()
-        pins = {n: v for n, v in _pins(self.bundle / "requirements.txt").items() if n not in kept and n not in skipped}
+        kept = {host_facts.normal(n) for n in host["host_path_distributions"]}
+        wanted = host_facts.release_pins((self.bundle / "requirements.txt").read_text())
+        pins = {n: v for n, v in wanted.items() if n not in kept}
         key = hashlib.sha256(json.dumps([sorted(pins.items()), (self.bundle / "wheels" / "SHA256SUMS").read_text()]).encode()).hexdigest()
         marker = self.target / INSTALLED
         if marker.is_file() and marker.read_text().strip() == key:
@@ -205,8 +198,8 @@ class Cell:
             marker.write_text(key + "\n")
             size = sum(p.stat().st_size for p in self.target.rglob("*") if p.is_file() and not p.is_symlink())
             result["summary"] = (f"{len(pins)} distribution(s) into {self.target} ({size / 2**30:.2f} GiB); the host's own kept: "
-                                 + ", ".join(f"{n} {v}" for n, v in sorted(host["host_path_distributions"].items()) if _normal(n) in
-                                             _pins(self.bundle / "requirements.txt")))
+                                 + ", ".join(f"{n} {v}" for n, v in sorted(host["host_path_distributions"].items())
+                                             if host_facts.normal(n) in wanted))
             if relaxed:
                 result["summary"] += ("; Requires-Python not checked (pip --ignore-requires-python) for "
                                       + ", ".join(f"{n} (it says {w})" for n, w in sorted(relaxed.items())))
@@ -338,7 +331,7 @@ class Cell:
         the bundle names), and what the bundle itself changed: wheels
         rebuilt for this host, distributions left out."""
         closure = self.bundle / "release-closure.txt"
-        relaxed = ",".join(_normal(n) for n in self.facts.get("requires_python_relaxed") or {})
+        relaxed = ",".join(host_facts.normal(n) for n in self.facts.get("requires_python_relaxed") or {})
         done = subprocess.run([self.python, "-c", RUN_PROBE, str(self.bundle / FACTS), "deviations", str(closure), relaxed],
                               env=self.env(), capture_output=True, text=True, timeout=300)
         try:
