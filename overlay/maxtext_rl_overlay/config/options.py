@@ -346,12 +346,23 @@ class Settings:
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The MRL_* variables of the environment (this process's by default), checked."""
     env = os.environ if environ is None else environ
-    cache = env.get("MRL_CACHE_DIR") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay")
     refresh = env.get("MRL_REFRESH", "").strip().lower()
     if refresh not in _TRUE + _FALSE:
         raise OverlayError(f"MRL_REFRESH={env['MRL_REFRESH']!r}: expected 1 (resolve afresh) or 0.")
-    return Settings(cache_dir=pathlib.Path(cache).expanduser().absolute(), refresh=refresh in _TRUE,
-                    python=env.get("MRL_PYTHON") or None)
+    return Settings(cache_dir=cache_dir(None, env), refresh=refresh in _TRUE, python=env.get("MRL_PYTHON") or None)
+
+
+def cache_dir(given: pathlib.Path | None = None, environ: Mapping[str, str] | None = None) -> pathlib.Path:
+    """The build cache, each layer over the one before (docs/configuration.md,
+    "Which value wins"): ~/.cache/maxtext-rl-overlay, XDG_CACHE_HOME's,
+    MRL_CACHE_DIR, then `given`: the folder a caller's options name (a
+    rebase's or a test's; no command line names one). Every stage asks here,
+    so that none spells the order again."""
+    if given is not None:
+        return given
+    env = os.environ if environ is None else environ
+    cache = env.get("MRL_CACHE_DIR") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay")
+    return pathlib.Path(cache).expanduser().absolute()
 
 
 # -- the TPU cell's host stand-ins ---------------------------------------------
