@@ -11,15 +11,14 @@ import pathlib
 import tomllib
 
 from maxtext_rl_overlay.cache import buildcache
-from maxtext_rl_overlay.config import registry
-from maxtext_rl_overlay.stages import sources
+from maxtext_rl_overlay.config import options, registry
 
 TABLE = pathlib.Path(__file__).with_name("standins.toml")
 
 
 def cache_dir() -> pathlib.Path:
-    buildcache.claim(sources.cache_root())  # the tool's cache: tagged before anything goes in
-    return sources.cache_root() / "standins"
+    buildcache.claim(options.cache_dir())  # the tool's cache: tagged before anything goes in
+    return options.cache_dir() / "standins"
 
 
 def fetch(name: str) -> pathlib.Path:

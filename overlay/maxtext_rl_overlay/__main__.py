@@ -25,7 +25,7 @@ from typing import Any
 from . import __version__
 from .cache import buildcache
 from .checks import verify
-from .config.options import cutoff_now, cutoff_value, named_source, project_root
+from .config.options import cache_dir, cutoff_now, cutoff_value, named_source, project_root
 from .config.pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
 from .core import interrupts, output, staging
 from .core.errors import ExitCode, OverlayError, UsageError
@@ -37,7 +37,6 @@ from .smoke import configurations as smoke_configurations
 from .smoke import report as smoke_report
 from .smoke.run import SmokeOptions
 from .stages import run as build
-from .stages import sources
 from .stages.indexpages import base_url
 from .stages.patching import ENGINES
 from .tpucell import bundle
@@ -140,7 +139,7 @@ def _project_root(args: argparse.Namespace) -> pathlib.Path:
 
 
 def _cache_root(args: argparse.Namespace) -> pathlib.Path:
-    return sources.cache_root()
+    return cache_dir()
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -227,6 +227,35 @@ def test_environment_defaults_and_checks(tmp_path):
             options.settings({name: value})
 
 
+@pytest.mark.parametrize("layers, wins", [
+    ({}, "default"),
+    ({"XDG_CACHE_HOME": "xdg"}, "xdg"),
+    ({"XDG_CACHE_HOME": "xdg", "MRL_CACHE_DIR": "mrl"}, "mrl"),
+    ({"XDG_CACHE_HOME": "xdg", "MRL_CACHE_DIR": "mrl", "given": "given"}, "given"),
+], ids=["default", "xdg-over-default", "environment-over-xdg", "callers-over-environment"])
+def test_the_cache_dir_takes_each_layer_over_the_one_before(tmp_path, layers, wins):
+    """docs/configuration.md, "Which value wins": the default, XDG_CACHE_HOME,
+    MRL_CACHE_DIR, then a caller's own folder; a step each."""
+    folders = {"default": pathlib.Path("~/.cache/maxtext-rl-overlay").expanduser(), "xdg": tmp_path / "xdg" / "maxtext-rl-overlay",
+               "mrl": tmp_path / "mrl", "given": tmp_path / "given"}
+    environ = {name: str(tmp_path / value) for name, value in layers.items() if name != "given"}
+    given = folders["given"] if "given" in layers else None
+    assert options.cache_dir(given, environ) == folders[wins]
+    if given is None:
+        assert options.settings(environ).cache_dir == folders[wins], "settings() reads the same"
+
+
+def test_the_checkout_is_the_one_holding_the_current_folder_unless_project_names_one(project, tmp_path):
+    """docs/configuration.md, "Which value wins": the checkout above the
+    current folder, then --project over it; outside a checkout, without
+    --project, a refusal that names the option."""
+    inside = project / "patches" / "vllm"
+    assert options.project_root(None, inside) == project
+    assert options.project_root(tmp_path / "elsewhere", inside) == tmp_path / "elsewhere"
+    with pytest.raises(OverlayError, match="pass --project"):
+        options.project_root(None, tmp_path)
+
+
 def test_every_mrl_variable_of_the_tool_is_read_in_options_only():
     reads = re.compile(r"""\b(?:environ|env)(?:\.get)?\s*[\[(]\s*["'](MRL_\w+)""")
     package = ROOT / "overlay" / "maxtext_rl_overlay"

@@ -7,7 +7,7 @@ read: a wrong type, or a misspelt key (with the nearest
 known one), is refused with its place and what was expected, instead of
 falling back to a default or failing later. The pin files (pins.py) and the
 matrix table (testmatrix.py) are read with the same checks. Also here: the one value of the command line that two
-stages read (an upstream's source, NAME=PATH)."""
+stages read (an upstream's source, NAME=PATH), and the TPU cell's host stand-ins active in the process (host_stand_ins)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import difflib
 import os
 import pathlib
 import re
+import sys
 from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
@@ -340,19 +341,52 @@ class Settings:
     cache_dir: pathlib.Path
     refresh: bool = False
     python: str | None = None
-    host_stand_ins: tuple[str, ...] = ()  # the TPU cell's, "NAME: what" (docs/tpu-cell.md)
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The MRL_* variables of the environment (this process's by default), checked."""
     env = os.environ if environ is None else environ
-    cache = env.get("MRL_CACHE_DIR") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay")
     refresh = env.get("MRL_REFRESH", "").strip().lower()
     if refresh not in _TRUE + _FALSE:
         raise OverlayError(f"MRL_REFRESH={env['MRL_REFRESH']!r}: expected 1 (resolve afresh) or 0.")
-    return Settings(cache_dir=pathlib.Path(cache).expanduser().absolute(), refresh=refresh in _TRUE,
-                    python=env.get("MRL_PYTHON") or None,
-                    host_stand_ins=tuple(s.strip() for s in env.get("MRL_HOST_STAND_INS_ACTIVE", "").split(";") if s.strip()))
+    return Settings(cache_dir=cache_dir(None, env), refresh=refresh in _TRUE, python=env.get("MRL_PYTHON") or None)
+
+
+def cache_dir(given: pathlib.Path | None = None, environ: Mapping[str, str] | None = None) -> pathlib.Path:
+    """The build cache, each layer over the one before (docs/configuration.md,
+    "Which value wins"): ~/.cache/maxtext-rl-overlay, XDG_CACHE_HOME's,
+    MRL_CACHE_DIR, then `given`: the folder a caller's options name (a
+    rebase's or a test's; no command line names one). Every stage asks here,
+    so that none spells the order again."""
+    if given is not None:
+        return given
+    env = os.environ if environ is None else environ
+    cache = env.get("MRL_CACHE_DIR") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "maxtext-rl-overlay")
+    return pathlib.Path(cache).expanduser().absolute()
+
+
+# -- the TPU cell's host stand-ins ---------------------------------------------
+
+#: The module the host stand-ins are (scripts/tpu-cell/stand_ins/sitecustomize.py,
+#: the bundle's stand-ins/): Python imports it as it starts, in every process
+#: whose PYTHONPATH holds its folder, and it activates those MRL_HOST_STAND_INS names.
+STAND_INS_MODULE = "sitecustomize"
+
+
+def host_stand_ins(modules: Mapping[str, object] | None = None) -> dict[str, str]:
+    """The TPU cell's host stand-ins active in this process, each with what it
+    replaces (docs/tpu-cell.md); none on a TPU VM. Read from the stand-ins'
+    own module (its ACTIVE) in `modules` (this process's by default), not
+    from a variable: the one variable, MRL_HOST_STAND_INS, says what was
+    asked, and only the module knows what it made active here. A child
+    process (smoke's engine) inherits that variable and PYTHONPATH, runs the
+    module as it starts, and so reads the same here. Another sitecustomize
+    (the host's own, found first) holds no ACTIVE: none is active then."""
+    module = (sys.modules if modules is None else modules).get(STAND_INS_MODULE)
+    active = getattr(module, "ACTIVE", None)
+    if not isinstance(active, dict):
+        return {}
+    return {str(name): str(what) for name, what in active.items()}
 
 
 #: MRL_* variables of the scripts and the test suites, not of the tool

@@ -94,9 +94,6 @@ SETTINGS = (
             "under the cutoff: a file yanked or deleted since); `0`: reuse it"),
     Setting(TOOL_ENVIRONMENT, "MRL_PYTHON", "an interpreter", "none",
             "the interpreter for the matrix's cells (and `scripts/setup.sh`), tried before `python3.X` on PATH and pyenv's"),
-    Setting(TOOL_ENVIRONMENT, "MRL_HOST_STAND_INS_ACTIVE", "`NAME: what; ...`", "none",
-            "set by the TPU cell's host stand-ins ([tpu-cell.md](tpu-cell.md)), never by hand: those active in the process; "
-            "`smoke` accepts a host without inet sockets where `no-inet-sockets` is among them, and its engine lists them"),
     # -- the scripts', the tests' and the workflows' environment
     Setting(SCRIPT_ENVIRONMENT, "MRL_SOURCES", "`\"NAME=PATH ...\"`",
             "the repositories in `../shared/upstream` (`NAME.git`) where the checkout has them",
@@ -119,7 +116,10 @@ SETTINGS = (
     Setting(SCRIPT_ENVIRONMENT, "MRL_PYTHON311", "an interpreter", "none",
             "the Python 3.11 of `tests/unit/test_tpu_cell.py`'s host side, tried before `python3.11` on PATH and pyenv's"),
     Setting(SCRIPT_ENVIRONMENT, "MRL_HOST_STAND_INS", "`NAME,NAME...`", "none",
-            "set by the TPU cell's run.sh from `--host-stand-ins`: the host stand-ins to activate ([tpu-cell.md](tpu-cell.md))"),
+            "set by the TPU cell's run.sh from `--host-stand-ins`: the host stand-ins that its `sitecustomize.py` activates in "
+            "every process of a step ([tpu-cell.md](tpu-cell.md#host-stand-ins)); which are active, and what each replaces, the "
+            "tool reads from that module (its `ACTIVE`), not from a variable: `smoke` accepts a host without inet sockets where "
+            "`no-inet-sockets` is active, and its engine lists them"),
     Setting(SCRIPT_ENVIRONMENT, "MRL_HOST_STAND_IN_PORT", "a port number", "29511",
             "the port `no-inet-sockets` answers for vLLM's `get_open_port`"),
     Setting(SCRIPT_ENVIRONMENT, "MRL_PAGES_URL", "a URL", "none",

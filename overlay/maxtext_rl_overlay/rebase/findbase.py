@@ -7,11 +7,11 @@ import shutil
 from typing import NotRequired, TypedDict
 
 from ..cache import buildcache
+from ..config.options import cache_dir
 from ..config.pins import Pin, load_project
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step
-from ..stages import sources
 from . import upstream
 from .options import RebaseOptions
 from .state import Paths
@@ -35,7 +35,7 @@ def find_base(opts: RebaseOptions) -> BaseFound:
     the commit found applies, its first-parent successor does not."""
     root = opts.project_root.resolve()
     pin = load_project(root).pins[opts.name]
-    cache = opts.cache or sources.cache_root()
+    cache = cache_dir(opts.cache)
     with buildcache.using(cache):  # its work clone borrows from the cache's repository, as a rebase's does
         return _find_base(opts, root, pin, cache)
 

@@ -18,11 +18,12 @@ import shutil
 import time
 
 from ..cache import buildcache
+from ..config.options import cache_dir
 from ..config.pins import DISTRIBUTIONS, Pin, load_project
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step
-from ..stages import patchfile, sources
+from ..stages import patchfile
 from . import apply, export, state, upstream
 from .fasttests import run_fast_tests
 from .options import RebaseOptions
@@ -44,7 +45,7 @@ def start(opts: RebaseOptions) -> Report:
         refuse_dirty(root)
     pin = load_project(root).pins[opts.name]
     patches = [patchfile.parse(p) for p in pin.series]
-    cache = opts.cache or sources.cache_root()
+    cache = cache_dir(opts.cache)
     # A rebase holds the cache as a build does: `clean` waits until it is
     # done, and a stopped one stands alone (see _run).
     with buildcache.using(cache):

@@ -56,13 +56,13 @@ from packaging.utils import parse_wheel_filename
 
 from ..cache import buildcache
 from ..config import registry
-from ..config.options import cutoff_now, maxtext_requirement
+from ..config.options import cache_dir, cutoff_now, maxtext_requirement
 from ..config.pins import DISTRIBUTIONS, load_project
 from ..core import tomledit
 from ..core.errors import OverlayError
 from ..core.git import git
 from ..core.staging import recover, remove_tree, write_atomically
-from ..stages import closures, sources
+from ..stages import closures
 from . import machine, state
 from .fasttests import run_fast_tests
 from .options import RebaseOptions, ReleaseOptions
@@ -228,7 +228,7 @@ def start(opts: ReleaseOptions) -> ReleaseReport:
     if distribution.in_progress():
         raise distribution.in_progress_error(distribution.load().aborting)
     machine.refuse_dirty(root)
-    cache = opts.cache or sources.cache_root()
+    cache = cache_dir(opts.cache)
     with buildcache.using(cache):  # the release wheel goes into it; `clean` waits
         the_plan = plan(root, opts.version, opts.sources, cache)
     if the_plan.unchanged:

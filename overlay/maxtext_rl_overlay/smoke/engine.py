@@ -34,7 +34,7 @@ import time
 import traceback
 from typing import Any
 
-from ..config.options import settings
+from ..config.options import host_stand_ins
 from . import configurations
 from .configurations import EngineConfiguration
 from .protocol import DONE, Generate, Request, Result, SecondModel, progress_file
@@ -47,6 +47,15 @@ PROCESS_ENV = {
 }
 #: How a TPU cell host's stand-in is labelled among the result's stand-ins.
 HOST_STAND_IN = "host stand-in"
+
+
+def host_stand_in_labels() -> list[str]:
+    """The TPU cell's host stand-ins active in this process, as the result
+    lists them: "host stand-in: NAME: what it replaces" (report.py reads the
+    NAME back); none on a TPU VM."""
+    return [f"{HOST_STAND_IN}: {name}: {what}" for name, what in host_stand_ins().items()]
+
+
 #: jax's event for one XLA compilation, with its seconds.
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 #: The engine's sampling seed (the TPU runner samples from one key, seeded by it).
@@ -130,8 +139,7 @@ class Engine:
             self.result.stand_ins = [f"{pallas_interpret.LABEL}: {name}" for name in pallas_interpret.activate()]
             count_live_arrays_as_memory()
             self.result.stand_ins.append("memory statistics: live arrays' bytes against 1 GiB a device")
-        # The TPU cell's host stand-ins active in this process ("name: what it replaces"); none on a TPU VM.
-        self.result.stand_ins += [f"{HOST_STAND_IN}: {s}" for s in settings().host_stand_ins]
+        self.result.stand_ins += host_stand_in_labels()
         from tpu_inference.runner.tpu_runner import TPUModelRunner
 
         init_mesh = TPUModelRunner._init_mesh

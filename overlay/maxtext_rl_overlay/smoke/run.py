@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import probes
-from ..config.options import settings
+from ..config.options import host_stand_ins
 from ..core import proc
 from ..core.errors import CheckFailed, ExitCode, OverlayError, TimedOut
 from ..core.output import step
@@ -157,7 +157,7 @@ def _check_inet_sockets() -> None:
     try:
         socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()
     except OSError as error:
-        if any(s.startswith(SOCKETS_STAND_IN + ":") for s in settings().host_stand_ins):
+        if SOCKETS_STAND_IN in host_stand_ins():  # active in this process, so in the engine's too (it inherits what asked for it)
             return
         raise CannotRun(f"this host refuses inet sockets ({error}): vLLM's engine binds a port and makes a gloo group with them. "
                         f"The TPU cell's stand-in {SOCKETS_STAND_IN!r} replaces both (docs/tpu-cell.md: run.sh --host-stand-ins "

@@ -46,7 +46,6 @@ from ..core.digest import sha256_file
 from ..core.errors import OverlayError
 from ..core.output import step
 from ..core.staging import scratch_dir
-from . import sources
 from .indexpages import STANDIN_OVERRIDES
 
 #: The resolver's flags (besides the inputs' files), part of the cache key.
@@ -64,7 +63,7 @@ def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environ
     resolution-cutoff): the pinned closure. A cached answer for the same
     inputs is reused."""
     key, inputs = cache_key(index_dir, requirement, python, env, cutoff)
-    entry = buildcache.KINDS["closures"].entry(cache or sources.cache_root(), f"{key}.json", key, who="constraints", one_file=True)
+    entry = buildcache.KINDS["closures"].entry(options.cache_dir(cache), f"{key}.json", key, who="constraints", one_file=True)
     # Under the entry's lock: a concurrent build of the same closure waits, then reuses it.
     with entry.locked():
         return _resolve(index_dir, requirement, python, env, cutoff, entry, inputs, options.settings().refresh)

@@ -85,7 +85,7 @@ def build(opts: BuildOptions) -> BuildResult:
     base = indexpages.base_url(opts.base_url) if opts.base_url else None
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
-    cache = opts.cache or sources.cache_root()
+    cache = options.cache_dir(opts.cache)
     _check_destinations(project, out, constraints_path, cache)
     # Two builds to one destination take turns, from staging to the last
     # write, so that the index and constraints.txt are one build's. The
@@ -414,7 +414,7 @@ def build_one(project_root: pathlib.Path, name: str, source: str | None, out_dir
     project = load_project(project_root)
     if name not in project.pins:
         raise OverlayError(f"unknown distribution {name!r}; choose from {', '.join(project.pins)}.")
-    cache = cache or sources.cache_root()
+    cache = options.cache_dir(cache)
     opts = BuildOptions(project.root, {name: source} if source else {}, python=python, allow_unpinned=allow_unpinned,
                         torch_standin=torch_standin, cache=cache)
     with buildcache.using(cache):

@@ -47,13 +47,9 @@ class Source:
 FETCH_TIMEOUT = 600
 
 
-def cache_root() -> pathlib.Path:
-    return options.settings().cache_dir
-
-
 def obtain(pin: Pin, given: str | None, *, allow_unpinned: bool, cache: pathlib.Path | None = None) -> Source:
     """The verified source tree of `pin`, from `given` (a path) or the network."""
-    cache = cache or cache_root()
+    cache = options.cache_dir(cache)
     if given is None:
         return _from_network(pin, cache)
     path = pathlib.Path(given).expanduser()

@@ -560,7 +560,7 @@ def _copy_upstream_tests(opts: BundleOptions, staging: pathlib.Path) -> None:
     conftest.py and __init__.py files above them), from the pin's source."""
     project = load_project(opts.project_root)
     pin = project.pins["tpu-inference"]
-    with buildcache.using(sources.cache_root()):
+    with buildcache.using(options.cache_dir()):
         source = sources.obtain(pin, opts.sources.get("tpu-inference"), allow_unpinned=opts.allow_unpinned)
     dest = staging / "upstream"
     for rel in UPSTREAM_TESTS:

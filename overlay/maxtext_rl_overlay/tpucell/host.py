@@ -67,7 +67,10 @@ def carried_stand_ins(bundle: pathlib.Path) -> tuple[str, ...]:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NAMES" for t in node.targets):
             return tuple(ast.literal_eval(node.value))
     raise SystemExit(f"tpu-cell: {bundle / STAND_INS_FILE} lists no NAMES")
-#: The variable that names the active stand-ins for sitecustomize.py.
+
+
+#: The one variable of the host stand-ins: --host-stand-ins, for sitecustomize.py to activate in each
+#: process of a step (which are active, and what each replaces, is that module's ACTIVE).
 STAND_INS_VARIABLE = "MRL_HOST_STAND_INS"
 INSTALLED = ".mrl-tpu-cell-installed"
 #: Where libtpu keeps its multi-process lock (its own error message names it).

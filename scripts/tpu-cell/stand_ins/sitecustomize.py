@@ -2,9 +2,11 @@
 cell host lacks (docs/tpu-cell.md). Never in a wheel, never on a TPU VM: the
 cell's run.sh puts this folder on PYTHONPATH (after everything else) only
 when --host-stand-ins names one, and each is active only where
-MRL_HOST_STAND_INS names it. Each active one is listed in
-MRL_HOST_STAND_INS_ACTIVE ("name: what it replaces; ..."), which smoke's
-engine copies into its result, so every line it touches names it.
+MRL_HOST_STAND_INS (the one variable, from run.sh to the engine) names it.
+Each active one is in ACTIVE (name -> what it replaces): the tool reads this
+module's ACTIVE in its own process (maxtext_rl_overlay.config.options
+host_stand_ins), so smoke's engine, a child that runs this module as it
+starts, copies them into its result, and every line it touches names them.
 
 - no-inet-sockets: the host refuses AF_INET/AF_INET6 sockets (errno 97,
   even on loopback). vLLM's single-process executor still asks for a free
@@ -55,6 +57,7 @@ TYPE_ALIAS = re.compile(r"^(\s*)type\s+([A-Za-z_]\w*)\s*=", re.MULTILINE)
 ASKED = [n for n in os.environ.get("MRL_HOST_STAND_INS", "").split(",") if n]
 #: The port get_open_port answers without binding (no inet socket can be made here).
 FIXED_PORT = int(os.environ.get("MRL_HOST_STAND_IN_PORT", "29511"))
+#: The stand-ins active in this process, by name: what each replaces.
 ACTIVE: dict[str, str] = {}
 
 
@@ -162,7 +165,6 @@ _rewritten = _RewrittenSource()
 
 def _activate(name: str, what: str) -> None:
     ACTIVE[name] = what
-    os.environ["MRL_HOST_STAND_INS_ACTIVE"] = "; ".join(f"{n}: {w}" for n, w in ACTIVE.items())
 
 
 def _network_utils(module: Any) -> None:
