@@ -21,11 +21,13 @@ import sys
 import time
 import types
 import zipfile
+from typing import cast
 
 import pytest
 
 from maxtext_rl_overlay import probes
 from maxtext_rl_overlay.checks import verify
+from maxtext_rl_overlay.checks.reports import CellStep
 from maxtext_rl_overlay.config import options
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.smoke import engine
@@ -180,6 +182,16 @@ def test_a_pytest_step_stops_before_its_bound_and_keeps_the_record_of_the_tests_
     assert not step["timed_out"] and step["rc"] == 2, (done.stdout, step)  # pytest's "interrupted", not the cell's kill
     assert 1 <= step["tests"]["passed"] < 200 and step["tests"]["failures"] == 0, step
     assert step["summary"].startswith(f"stopped before its bound: {step['tests']['passed']} passed"), step
+    # The plugin said, in the step's log, how long collecting took and what was left of the bound.
+    collected = [line for line in (report / "steps" / "upstream.log").read_text().splitlines() if line.startswith(host.COLLECTED)]
+    assert len(collected) == 1 and collected[0].startswith(f"{host.COLLECTED} 200 test(s) in ") and "of the step's bound left" in collected[0]
+
+
+def test_a_killed_step_says_whether_pytest_had_collected_its_tests():
+    """A step killed at its bound is "TIMED OUT", with the plugin's collection line where its log has one."""
+    said = f"{host.COLLECTED} 1 test(s) in 95.2 s; 16 s of the step's bound left"
+    assert host._timed_out(cast(CellStep, {"timed_out": True, "tail": ["warnings", said]})) == f"TIMED OUT ({said.removeprefix('tpu-cell: ')})"
+    assert host._timed_out(cast(CellStep, {"timed_out": True, "tail": []})) == "TIMED OUT"
 
 
 def requiring_python(wheel: pathlib.Path, spec: str) -> pathlib.Path:

@@ -464,6 +464,24 @@ STOPPED = "tpu-cell: stopped before the step's bound"
 STOP_MARGIN_SECONDS = 10.0
 #: The longest setup and the longest call so far, in seconds (pytest's own durations).
 _longest = {"setup": 0.0, "call": 0.0}
+#: What the plugin says once the tests are collected (the step's log, so its tail and a killed step's summary).
+COLLECTED = "tpu-cell: collected"
+#: When pytest loaded the plugin: about when the step's pytest started.
+_LOADED = time.time()
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Say how long collecting took and how much of the bound is left: the
+    tests' imports cost the cell's pytest steps a minute or more on a chip
+    host, and a step killed there otherwise leaves an empty log (pytest -q
+    prints nothing before the first test's result)."""
+    left = float(os.environ.get(STOP_AT_VARIABLE, "inf")) - time.time()
+    line = f"{COLLECTED} {len(session.items)} test(s) in {time.time() - _LOADED:.1f} s; {left:.0f} s of the step's bound left"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        print(line, flush=True)
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -507,6 +525,13 @@ def junit_counts(path: pathlib.Path) -> dict[str, int]:
     return counts
 
 
+def _timed_out(step: CellStep) -> str:
+    """A killed step's summary: with its collection line where pytest got that far (a bound spent
+    collecting shows as such, not as a test that hung)."""
+    collected = [line for line in step.get("tail") or [] if line.startswith(COLLECTED)]
+    return "TIMED OUT" + (f" ({collected[-1].removeprefix('tpu-cell: ')})" if collected else "")
+
+
 def render(report: CellDocument) -> str:
     host = report.get("host", {})
     devices = host.get("devices") or {}
@@ -529,7 +554,7 @@ def render(report: CellDocument) -> str:
     for name, s in ordered:
         t = s.get("tests")
         tests = f"{t['passed']} passed, {t['failures']} failed, {t['errors']} errors, {t['skipped']} skipped" if t else "-"
-        summary = s.get("summary") or ("TIMED OUT" if s.get("timed_out") else (s.get("cannot_run") or "; ".join(s.get("failed") or [])
+        summary = s.get("summary") or (_timed_out(s) if s.get("timed_out") else (s.get("cannot_run") or "; ".join(s.get("failed") or [])
                                                                               or (s.get("tail") or [""])[-1]))
         stand_ins = ", ".join(s.get("stand_ins") or []) or "none"
         lines.append(f"| {name} | {s.get('when', '')} | {s.get('rc')} | {s.get('seconds')} | {tests} | {stand_ins} | {summary.replace('|', '/')} |")
