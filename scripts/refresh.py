@@ -479,8 +479,8 @@ def _refresh(args: argparse.Namespace) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     old_cutoff = _cutoff()
     if not any(m.args[0] == "--maxtext" for m in moves):  # a rebase --maxtext moves the cutoff itself
-        from maxtext_rl_overlay.config.options import cutoff_now
         from maxtext_rl_overlay.config.pins import set_resolution_cutoff
+        from maxtext_rl_overlay.config.reader import cutoff_now
 
         set_resolution_cutoff(ROOT, cutoff_now())
         _commit(f"Refresh: resolution-cutoff {old_cutoff} -> {_cutoff()}", ("pyproject.toml",))

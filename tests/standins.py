@@ -11,14 +11,14 @@ import pathlib
 import tomllib
 
 from maxtext_rl_overlay.cache import buildcache
-from maxtext_rl_overlay.config import options, registry
+from maxtext_rl_overlay.config import reader, registry
 
 TABLE = pathlib.Path(__file__).with_name("standins.toml")
 
 
 def cache_dir() -> pathlib.Path:
-    buildcache.claim(options.cache_dir())  # the tool's cache: tagged before anything goes in
-    return options.cache_dir() / "standins"
+    buildcache.claim(reader.cache_dir())  # the tool's cache: tagged before anything goes in
+    return reader.cache_dir() / "standins"
 
 
 def fetch(name: str) -> pathlib.Path:

@@ -25,8 +25,8 @@ from typing import Any
 from . import __version__
 from .cache import buildcache
 from .checks import verify
-from .config.options import cache_dir, cutoff_now, cutoff_value, named_source, project_root
 from .config.pins import DISTRIBUTIONS, load_project, set_resolution_cutoff
+from .config.reader import cache_dir, cutoff_now, cutoff_value, named_source, project_root
 from .core import interrupts, output, staging
 from .core.errors import ExitCode, OverlayError, UsageError
 from .maintain import lint, testmatrix

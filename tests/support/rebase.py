@@ -15,7 +15,7 @@ import tempfile
 import tomllib
 
 from maxtext_rl_overlay.cache import buildcache
-from maxtext_rl_overlay.config import options
+from maxtext_rl_overlay.config import reader
 from support import TESTS
 from support.project import project_copy, run_tool, set_pin
 
@@ -29,8 +29,8 @@ PROJECT_FILES = ("docs", "constraints.txt", ".gitignore", ".ci", ".github", "scr
 
 
 def cache_dir() -> pathlib.Path:
-    buildcache.claim(options.settings().cache_dir)  # the tool's cache: tagged before anything goes in
-    return options.settings().cache_dir / "standins"
+    buildcache.claim(reader.settings().cache_dir)  # the tool's cache: tagged before anything goes in
+    return reader.settings().cache_dir / "standins"
 
 
 def fetch(spec: dict) -> pathlib.Path:

@@ -27,7 +27,7 @@ from support import ROOT
 BUILDER = textwrap.dedent("""
     import pathlib, sys, time
     from maxtext_rl_overlay.stages import buildenv
-    from maxtext_rl_overlay.config.environment import Torch
+    from maxtext_rl_overlay.config.target import Torch
 
     cache, tree, log, toolchain = (pathlib.Path(a) for a in sys.argv[1:5])
 

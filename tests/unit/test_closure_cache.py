@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 from maxtext_rl_overlay.config import registry
-from maxtext_rl_overlay.config.environment import Environment, Torch
+from maxtext_rl_overlay.config.target import Target, Torch
 from maxtext_rl_overlay.core.digest import sha256_file
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.stages import closures, indexpages
@@ -65,9 +65,9 @@ def resolver(tmp_path, monkeypatch):
     return index, tmp_path / "cache", runs
 
 
-def _env(constraints=("jax==0.8.0",)) -> Environment:
+def _env(constraints=("jax==0.8.0",)) -> Target:
     torch = Torch("2.11.0+cpu", "2.11.0", "0.26.0+cpu", "0.26.0", (), True)
-    return Environment("maxtext[tpu-post-train]==0.2.4", "maxtext", tuple(constraints), "maxtext.whl:overrides.txt",
+    return Target("maxtext[tpu-post-train]==0.2.4", "maxtext", tuple(constraints), "maxtext.whl:overrides.txt",
                        torch, pathlib.Path("maxtext.whl"), "")
 
 
@@ -112,7 +112,7 @@ def test_a_changed_input_is_a_miss(resolver, change, monkeypatch):
     elif change == "requirement":
         requirement = "maxtext-rl-overlay[maxtext]==0.1.1"
     elif change == "torch":
-        env = Environment(**{**env.__dict__, "torch": Torch("2.11.0+cpu", "2.11.0+cpu", "0.26.0+cpu", "0.26.0+cpu", ("https://example.invalid/cpu",), False)})
+        env = Target(**{**env.__dict__, "torch": Torch("2.11.0+cpu", "2.11.0+cpu", "0.26.0+cpu", "0.26.0+cpu", ("https://example.invalid/cpu",), False)})
         (pathlib.Path(os.environ["FAKE_UV_CLOSURE"])).write_text(CLOSURE.replace("==2.11.0", "==2.11.0+cpu").replace("==0.26.0", "==0.26.0+cpu"))
     elif change == "cutoff":
         cutoff = "2026-12-05T12:00:00Z"

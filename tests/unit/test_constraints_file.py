@@ -17,8 +17,8 @@ import sys
 import pytest
 from packaging.version import Version
 
-from maxtext_rl_overlay.config.environment import Environment, Torch
 from maxtext_rl_overlay.config.pins import load_project
+from maxtext_rl_overlay.config.target import Target, Torch
 from maxtext_rl_overlay.core import manifest
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.stages import closures, constraintsfile, inputdigests, overlayfiles
@@ -49,9 +49,9 @@ def test_this_uv_refuses_a_wheel_whose_hash_the_constraints_contradict(tmp_path)
     assert results["tampered"].returncode != 0 and "Hash mismatch" in results["tampered"].stderr, results["tampered"].stderr
 
 
-def _env(find_links: tuple[str, ...]) -> Environment:
+def _env(find_links: tuple[str, ...]) -> Target:
     torch = Torch("2.11.0", "2.11.0", "0.26.0", "0.26.0", find_links, False)
-    return Environment("maxtext[tpu-post-train]==0.2.4", "maxtext", (), "maxtext.whl:overrides.txt", torch, pathlib.Path("maxtext.whl"), "")
+    return Target("maxtext[tpu-post-train]==0.2.4", "maxtext", (), "maxtext.whl:overrides.txt", torch, pathlib.Path("maxtext.whl"), "")
 
 
 CUTOFF = "2026-11-30T20:00:00Z"

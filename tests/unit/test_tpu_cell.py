@@ -28,7 +28,7 @@ import pytest
 from maxtext_rl_overlay import probes
 from maxtext_rl_overlay.checks import verify
 from maxtext_rl_overlay.checks.reports import CellStep
-from maxtext_rl_overlay.config import options
+from maxtext_rl_overlay.config import reader
 from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.smoke import engine
 from maxtext_rl_overlay.smoke import run as smoke_run
@@ -332,7 +332,7 @@ def test_the_maxtext_aliases_stand_in_rewrites_only_its_two_modules_and_only_whe
     named = run("maxtext-py311-aliases")
     assert named == ["maxtext.kernels.mhc.api ok tuple[int, int, int]", "maxtext.kernels.mhc.other SyntaxError 1"], named
     assert not list(mhc.glob("__pycache__/common*.pyc")) and not list(mhc.glob("__pycache__/api*.pyc")), "no bytecode of a rewritten module"
-    # What the tool reads (config/options.py host_stand_ins): the module's ACTIVE, in the process that asks.
+    # What the tool reads (config/reader.py host_stand_ins): the module's ACTIVE, in the process that asks.
     said = subprocess.run([PY311, "-c", "import sys; print(sys.modules['sitecustomize'].ACTIVE)"],
                           env=env | {"MRL_HOST_STAND_INS": "maxtext-py311-aliases"}, capture_output=True, text=True)
     assert said.stdout.startswith("{'maxtext-py311-aliases': \"MaxText's two PEP 695 aliases"), said
@@ -368,21 +368,21 @@ def test_smoke_on_a_host_that_refuses_inet_sockets_says_so_and_names_the_stand_i
 
     monkeypatch.setattr(socket, "socket", refused)
     # The stand-ins' module as Python imports it at start-up (sitecustomize), with what it made active.
-    stand_ins = types.ModuleType(options.STAND_INS_MODULE)
-    monkeypatch.setitem(sys.modules, options.STAND_INS_MODULE, stand_ins)
+    stand_ins = types.ModuleType(reader.STAND_INS_MODULE)
+    monkeypatch.setitem(sys.modules, reader.STAND_INS_MODULE, stand_ins)
     for active in ({}, {"torchvision-no-ops": "torchvision imports without its C++ ops"}):
         stand_ins.ACTIVE = active  # type: ignore[attr-defined]
         with pytest.raises(smoke_run.CannotRun, match="this host refuses inet sockets.*'no-inet-sockets'") as caught:
             smoke_run._check_inet_sockets()
         assert caught.value.status == 3
-    monkeypatch.setitem(sys.modules, options.STAND_INS_MODULE, types.ModuleType("a host's own sitecustomize"))
+    monkeypatch.setitem(sys.modules, reader.STAND_INS_MODULE, types.ModuleType("a host's own sitecustomize"))
     with pytest.raises(smoke_run.CannotRun):
         smoke_run._check_inet_sockets()
     what = "vLLM's get_open_port answers 29511 unbound; a world-size-1 gloo group is torch's fake backend"
     stand_ins.ACTIVE = {"no-inet-sockets": what}  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, options.STAND_INS_MODULE, stand_ins)
+    monkeypatch.setitem(sys.modules, reader.STAND_INS_MODULE, stand_ins)
     smoke_run._check_inet_sockets()
-    assert options.host_stand_ins() == {"no-inet-sockets": what}
+    assert reader.host_stand_ins() == {"no-inet-sockets": what}
     assert engine.host_stand_in_labels() == [f"host stand-in: no-inet-sockets: {what}"], "one line a stand-in, whatever its words hold"
 
 
@@ -390,7 +390,7 @@ def test_the_stand_ins_are_active_only_where_named(tmp_path):
     """MRL_HOST_STAND_INS is the one variable: a process started with it and
     the stand-ins' folder on PYTHONPATH (a step's, or smoke's engine, which
     inherits both) activates those it names, and the tool reads them there."""
-    program = "from maxtext_rl_overlay.config.options import host_stand_ins; print(sorted(host_stand_ins()))"
+    program = "from maxtext_rl_overlay.config.reader import host_stand_ins; print(sorted(host_stand_ins()))"
     env = dict(os.environ, PYTHONPATH=str(STAND_INS))
     for asked in ("", "no-inet-sockets", "torchvision-no-ops", "no-inet-sockets,torchvision-no-ops"):
         done = subprocess.run([sys.executable, "-c", program], env=env | {"MRL_HOST_STAND_INS": asked}, capture_output=True, text=True)

@@ -14,7 +14,7 @@ from ..core import tomledit
 from ..core.errors import OverlayError
 from ..core.staging import write_atomically
 from . import schema
-from .options import (
+from .reader import (
     ProjectOptions,
     boolean,
     cutoff_value,

@@ -2,9 +2,9 @@
 line, each once: where it lives (a key of pyproject.toml's
 `[tool.maxtext-rl-overlay]`, a key of `patches/<dist>/pin.toml`, or an MRL_*
 environment variable), its type and its default in words, and what it means.
-The readers take their known keys from here (options.py: the project table's
+The readers take their known keys from here (reader.py: the project table's
 and the environment's; pins.py: the pin file's), so a key one of them reads
-cannot be missing here, nor the other way round (tests/unit/test_options.py);
+cannot be missing here, nor the other way round (tests/unit/test_config.py);
 docs/configuration.md's tables are generated from here:
 
     python -m maxtext_rl_overlay.config.schema --markdown docs/configuration.md
@@ -30,7 +30,7 @@ class Place:
 PYPROJECT = Place("pyproject", "`pyproject.toml`, `[tool.maxtext-rl-overlay]` (dotted names: its sub-tables):", "key")
 PIN = Place("pin", "`patches/<dist>/pin.toml`:", "key")
 TOOL_ENVIRONMENT = Place("environment", "Environment variables of the tool:", "variable")
-# Listed for the docs' sake: the tool never reads them (tests/unit/test_options.py
+# Listed for the docs' sake: the tool never reads them (tests/unit/test_config.py
 # checks that it reads the ones above and no other).
 SCRIPT_ENVIRONMENT = Place("scripts", "and of the scripts, the tests, the workflows and the TPU cell's host side (the tool's "
                            "commands do not read them):", "variable")
@@ -47,7 +47,7 @@ class Setting:
 
 
 SETTINGS = (
-    # -- pyproject.toml [tool.maxtext-rl-overlay]: options.project_options
+    # -- pyproject.toml [tool.maxtext-rl-overlay]: reader.project_options
     Setting(PYPROJECT, "revision", "integer >= 0", "required",
             "the overlay revision: every wheel's local label is `mrl.<revision>`"),
     Setting(PYPROJECT, "resolution-cutoff", "string, a UTC time written `YYYY-MM-DDTHH:MM:SSZ`", "required",
@@ -86,7 +86,7 @@ SETTINGS = (
             "how `rebase` names a new pin's version"),
     Setting(PIN, "rebase.last-known-good", "`{ file = \"...\", pin = \"...\" }`", "none",
             "a file of the upstream naming another pin's commit its CI verified"),
-    # -- the tool's environment: options.settings
+    # -- the tool's environment variables: reader.settings
     Setting(TOOL_ENVIRONMENT, "MRL_CACHE_DIR", "a folder", "`$XDG_CACHE_HOME/maxtext-rl-overlay`, or `~/.cache/maxtext-rl-overlay`",
             "the build cache: an absent or empty folder, or one the tool tagged with its `CACHEDIR.TAG`"),
     Setting(TOOL_ENVIRONMENT, "MRL_REFRESH", "`1` (or `true`, `yes`, `on`) or `0` (or empty, `false`, `no`, `off`)", "`0`",

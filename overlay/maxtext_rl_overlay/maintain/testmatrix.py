@@ -23,9 +23,9 @@ from typing import Any, Literal, get_args
 from ..cache.cachekeys import python_version
 from ..checks import reports
 from ..checks.verdict import Command, Said, write_report
-from ..config import options
-from ..config.options import refuse_unknown
+from ..config import reader
 from ..config.pins import load_project
+from ..config.reader import refuse_unknown
 from ..core import output, proc, tables
 from ..core.errors import OverlayError
 from ..core.output import step
@@ -118,9 +118,9 @@ def load_matrix(matrix: Mapping[str, Any], *, where: str, quick: bool) -> Matrix
     if not table:
         raise OverlayError(f"{where} is missing: the matrix's cells and parameters are declared there.")
     refuse_unknown(set(table), _MATRIX_KEYS, where)
-    subset = dict(options.table(table.pop("quick", {}), f"{where[:-1]}.quick]"))
+    subset = dict(reader.table(table.pop("quick", {}), f"{where[:-1]}.quick]"))
     refuse_unknown(set(subset), _MATRIX_KEYS - {"quick"} | _QUICK_ONLY_KEYS, f"{where[:-1]}.quick]")
-    quick_tests = options.table(subset.pop("tests", {}), f"{where[:-1]}.quick.tests]")
+    quick_tests = reader.table(subset.pop("tests", {}), f"{where[:-1]}.quick.tests]")
     missing = sorted(_MATRIX_KEYS - {"quick"} - set(table))
     if missing:
         raise OverlayError(f"{where} lacks {', '.join(missing)}.")
@@ -174,19 +174,19 @@ def _list(table: Mapping[str, Any], key: str, where: str, kind: type) -> list[An
 def _cell(c: dict[str, Any], where: str) -> Cell:
     where = f"{where} cell {c.get('name', '?')!r}"
     refuse_unknown(set(c), _CELL_KEYS, where)
-    name, install = options.string(c, "name", where), options.string(c, "install", where)
+    name, install = reader.string(c, "name", where), reader.string(c, "install", where)
     python = c.get("python")
     if isinstance(python, float):  # TOML reads 3.10 as the number 3.1
         raise OverlayError(f"{where}: python = {python!r} is a number (TOML reads 3.10 as 3.1): write the version as a string, "
                            "such as \"3.12\".")
-    python = options.string(c, "python", where)
+    python = reader.string(c, "python", where)
     if not re.fullmatch(r"3\.\d+", python):
         raise OverlayError(f"{where}: python = {python!r} must be a Python version such as \"3.12\".")
     runs = c.get("runs", {"": {}})
     if not isinstance(runs, dict) or not runs:
         raise OverlayError(f"{where}: runs must be a table of run name -> environment.")
-    return Cell(name, python, install, options.string_table(c, "env", where, {}),
-                {r: options.string_table(runs, r, f"{where} runs") for r in runs})
+    return Cell(name, python, install, reader.string_table(c, "env", where, {}),
+                {r: reader.string_table(runs, r, f"{where} runs") for r in runs})
 
 
 def load_cells(project_root: pathlib.Path, quick: bool) -> list[Cell]:
@@ -272,7 +272,7 @@ def _python(version: str) -> str:
     GitHub). Each candidate is run, since a pyenv shim exists for versions
     it will not start."""
     pyenv_root = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"))
-    candidates = [options.settings().python, shutil.which(f"python{version}")]
+    candidates = [reader.settings().python, shutil.which(f"python{version}")]
     candidates += [str(p) for p in sorted(pyenv_root.glob(f"versions/{version}*/bin/python3"), reverse=True)]
     for candidate in filter(None, candidates):
         said = python_version(candidate, what=f"probing {candidate}", check=False)
@@ -394,7 +394,7 @@ class MatrixOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> MatrixOptions:
-        return cls(project_root=options.project_root(args.project), wheels=args.wheels.resolve(), work=args.work.resolve(),
+        return cls(project_root=reader.project_root(args.project), wheels=args.wheels.resolve(), work=args.work.resolve(),
                    platform=args.platform, quick=args.quick, keep=args.keep, json=args.json)
 
 

@@ -7,8 +7,8 @@ import shutil
 from typing import NotRequired, TypedDict
 
 from ..cache import buildcache
-from ..config.options import cache_dir
 from ..config.pins import Pin, load_project
+from ..config.reader import cache_dir
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step

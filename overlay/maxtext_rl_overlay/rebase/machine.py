@@ -18,8 +18,8 @@ import shutil
 import time
 
 from ..cache import buildcache
-from ..config.options import cache_dir
 from ..config.pins import DISTRIBUTIONS, Pin, load_project
+from ..config.reader import cache_dir
 from ..core.errors import OverlayError
 from ..core.git import git, out
 from ..core.output import step

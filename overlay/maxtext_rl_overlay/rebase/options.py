@@ -10,9 +10,9 @@ import pathlib
 from collections.abc import Sequence
 from typing import TypeAlias
 
-from ..config.options import named_source
-from ..config.options import project_root as options_project_root
 from ..config.pins import DISTRIBUTIONS
+from ..config.reader import named_source
+from ..config.reader import project_root as reader_project_root
 from ..core.errors import UsageError
 
 
@@ -76,7 +76,7 @@ def absolute(path: str) -> str:
 
 def request_from_args(args: argparse.Namespace) -> Request:
     """The rebase command line's request (parse_request on its flags)."""
-    return parse_request(options_project_root(args.project), name=args.name, new_ref=args.new_ref, maxtext=args.maxtext,
+    return parse_request(reader_project_root(args.project), name=args.name, new_ref=args.new_ref, maxtext=args.maxtext,
                          sources=args.source, build=args.build, standins=args.standins, apply_vllm_lkg=args.apply_vllm_lkg,
                          find_base=args.find_base, run_tests=not args.no_tests, resume=args.cont, abort=args.abort)
 

@@ -56,8 +56,8 @@ from packaging.utils import parse_wheel_filename
 
 from ..cache import buildcache
 from ..config import registry
-from ..config.options import cache_dir, cutoff_now, maxtext_requirement
 from ..config.pins import DISTRIBUTIONS, load_project
+from ..config.reader import cache_dir, cutoff_now, maxtext_requirement
 from ..core import tomledit
 from ..core.errors import OverlayError
 from ..core.git import git

@@ -34,7 +34,7 @@ import time
 import traceback
 from typing import Any
 
-from ..config.options import host_stand_ins
+from ..config.reader import host_stand_ins
 from . import configurations
 from .configurations import EngineConfiguration
 from .protocol import DONE, Generate, Request, Result, SecondModel, progress_file

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import probes
-from ..config.options import host_stand_ins
+from ..config.reader import host_stand_ins
 from ..core import proc
 from ..core.errors import CheckFailed, ExitCode, OverlayError, TimedOut
 from ..core.output import step

@@ -50,7 +50,7 @@ from packaging.utils import canonicalize_name
 
 from .. import probes
 from ..cache import buildcache, cachekeys
-from ..config.environment import Torch
+from ..config.target import Torch
 from ..core.errors import OverlayError
 from ..core.output import step
 from ..core.proc import run

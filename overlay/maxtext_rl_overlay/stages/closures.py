@@ -39,8 +39,8 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from ..cache import buildcache, cachekeys
-from ..config import options
-from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
+from ..config import reader
+from ..config.target import TARGET_PLATFORM, TARGET_PYTHON, Target
 from ..core import proc
 from ..core.digest import sha256_file
 from ..core.errors import OverlayError
@@ -55,7 +55,7 @@ COMPILE_FLAGS = ("--quiet", "--no-header", "--generate-hashes")
 CLOSURE_CACHE_FORMAT = 3
 
 
-def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, *, cutoff: str,
+def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Target, *, cutoff: str,
             cache: pathlib.Path | None = None) -> str:
     """`uv pip compile` of the overlay for the target, together with the
     MaxText environment (its overrides file as constraints) and the
@@ -63,13 +63,13 @@ def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environ
     resolution-cutoff): the pinned closure. A cached answer for the same
     inputs is reused."""
     key, inputs = cache_key(index_dir, requirement, python, env, cutoff)
-    entry = buildcache.KINDS["closures"].entry(options.cache_dir(cache), f"{key}.json", key, who="constraints", one_file=True)
+    entry = buildcache.KINDS["closures"].entry(reader.cache_dir(cache), f"{key}.json", key, who="constraints", one_file=True)
     # Under the entry's lock: a concurrent build of the same closure waits, then reuses it.
     with entry.locked():
-        return _resolve(index_dir, requirement, python, env, cutoff, entry, inputs, options.settings().refresh)
+        return _resolve(index_dir, requirement, python, env, cutoff, entry, inputs, reader.settings().refresh)
 
 
-def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, cutoff: str, entry: buildcache.Entry,
+def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str, entry: buildcache.Entry,
              inputs: dict[str, Any], refresh: bool) -> str:
     cached = None if refresh else _cached(entry)
     if cached is not None:
@@ -114,7 +114,7 @@ def moved_pins(old: str, new: str, *, ours: Collection[str] = ()) -> list[str]:
     return lines
 
 
-def uv_compile(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, cutoff: str) -> str:
+def uv_compile(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str) -> str:
     """The closure as `uv pip compile` answers against the registry as of `cutoff`: no cache, no check."""
     with scratch_dir("mrl-resolve-") as tmp:
         # Named for what they hold: uv's annotations name them (`# via -c ...`).
@@ -143,7 +143,7 @@ def uv_compile(index_dir: pathlib.Path, requirement: str, python: str, env: Envi
         return output.read_text().replace(f"{tmp}{os.sep}", "")
 
 
-def cache_key(index_dir: pathlib.Path, requirement: str, python: str, env: Environment, cutoff: str) -> tuple[str, dict[str, Any]]:
+def cache_key(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str) -> tuple[str, dict[str, Any]]:
     """(key, inputs): the sha256 of everything the resolution of
     `requirement` against `index_dir` is given, and those inputs as stored
     beside the answer (uv variables only as digests: they may hold secrets)."""

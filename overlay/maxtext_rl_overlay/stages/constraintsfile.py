@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON, Environment
+from ..config.target import TARGET_PLATFORM, TARGET_PYTHON, Target
 from ..core.errors import OverlayError
 from ..core.manifest import ProjectRecord
 from ..core.staging import FileOwner
@@ -35,7 +35,7 @@ CONSTRAINTS_FILE = FileOwner.first_line("a constraints file", CONSTRAINTS_HEADER
 UV_CHECKS_CONSTRAINT_HASHES = "0.5.3"
 
 
-def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Environment, location: str = "",
+def constraints_text(closure: str, overlay_wheels: dict[str, str], find_links: str, *, notes: list[str], env: Target, location: str = "",
                      made_by: tuple[str, ...] = (), inputs: Mapping[str, str] | None = None,
                      made_from: ProjectRecord | None = None, cutoff: str = "") -> str:
     """constraints.txt: how it was made (`made_by`: the build command, its
@@ -123,7 +123,7 @@ def unexplained_moves(previous: str, text: str, ours: set[str]) -> list[str]:
     return closures.moved_pins(previous, text, ours=ours)
 
 
-def overrides_text(env: Environment) -> str:
+def overrides_text(env: Target) -> str:
     """The stand-in torch's overrides file: MaxText's `torch==X+cpu`
     requirements replaced by PyPI's build of X (uv pip install --override)."""
     return (

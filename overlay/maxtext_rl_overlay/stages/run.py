@@ -20,7 +20,7 @@ import zipfile
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from ..cache import buildcache, cachekeys
-from ..config import environment, options
+from ..config import reader, target
 from ..config.pins import Pin, Project, load_project, select
 from ..core import gittree, interrupts, manifest, output, tomledit
 from ..core.digest import sha256_file
@@ -50,7 +50,7 @@ class BuildOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> BuildOptions:
-        return cls(project_root=options.project_root(args.project), sources=options.named_sources(args.source), only=args.only,
+        return cls(project_root=reader.project_root(args.project), sources=reader.named_sources(args.source), only=args.only,
                    out=args.out, constraints=args.constraints, allow_unpinned=args.unpinned, engine=args.engine, python=args.python,
                    torch_standin=args.torch_standin, base_url=args.base_url)
 
@@ -85,7 +85,7 @@ def build(opts: BuildOptions) -> BuildResult:
     base = indexpages.base_url(opts.base_url) if opts.base_url else None
     out = (opts.out or project.root / "dist").resolve()
     constraints_path = (opts.constraints or project.root / "constraints.txt").resolve()
-    cache = options.cache_dir(opts.cache)
+    cache = reader.cache_dir(opts.cache)
     _check_destinations(project, out, constraints_path, cache)
     # Two builds to one destination take turns, from staging to the last
     # write, so that the index and constraints.txt are one build's. The
@@ -124,7 +124,7 @@ def _check_destinations(project: Project, out: pathlib.Path, constraints: pathli
 
 def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathlib.Path, base: str | None, out: pathlib.Path,
            constraints_path: pathlib.Path) -> BuildResult:
-    env = environment.resolve(project, torch_standin=opts.torch_standin, cache=cache)
+    env = target.resolve(project, torch_standin=opts.torch_standin, cache=cache)
     # Everything is made in a staging folder beside `out` and moved into place
     # at the end (0755: a web server may run as another user); constraints.txt
     # is written beside its place before that (a full disk fails it while the
@@ -251,7 +251,7 @@ def _wheel_version(wheel: pathlib.Path) -> str:
     return str(parse_wheel_filename(wheel.name)[1])
 
 
-def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: environment.Environment, staging: pathlib.Path,
+def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: target.Target, staging: pathlib.Path,
                     cache: pathlib.Path) -> manifest.Distribution:
     source = sources.obtain(pin, opts.sources.get(pin.distribution), allow_unpinned=opts.allow_unpinned, cache=cache)
     if source.from_pin:
@@ -307,7 +307,7 @@ def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: 
     )
 
 
-def _environment_record(env: environment.Environment, adapter: manifest.Adapter | None, cutoff: str) -> manifest.EnvironmentRecord:
+def _environment_record(env: target.Target, adapter: manifest.Adapter | None, cutoff: str) -> manifest.EnvironmentRecord:
     torch = env.torch
     return manifest.EnvironmentRecord(env.maxtext, env.extra, manifest.TorchRecord(torch.version, torch.wanted, torch.standin, torch.torchvision),
                                       adapter, cutoff)
@@ -340,7 +340,7 @@ def _compare_with_previous(path: pathlib.Path, text: str, ours: set[str]) -> Non
                                                                              else "no pin moved (the overlay's own aside)"))
 
 
-def _build_maxtext_adapter(env: environment.Environment, staging: pathlib.Path, python: str, cache: pathlib.Path) -> manifest.Adapter | None:
+def _build_maxtext_adapter(env: target.Target, staging: pathlib.Path, python: str, cache: pathlib.Path) -> manifest.Adapter | None:
     """MaxText's vLLM plugin, as a wheel made from the release's own folder,
     unchanged: what install_tpu_post_train_extra_deps installs from it."""
     if not env.vllm_adapter:
@@ -414,9 +414,9 @@ def build_one(project_root: pathlib.Path, name: str, source: str | None, out_dir
     project = load_project(project_root)
     if name not in project.pins:
         raise OverlayError(f"unknown distribution {name!r}; choose from {', '.join(project.pins)}.")
-    cache = options.cache_dir(cache)
+    cache = reader.cache_dir(cache)
     opts = BuildOptions(project.root, {name: source} if source else {}, python=python, allow_unpinned=allow_unpinned,
                         torch_standin=torch_standin, cache=cache)
     with buildcache.using(cache):
-        env = environment.resolve(project, torch_standin=torch_standin, cache=cache)
+        env = target.resolve(project, torch_standin=torch_standin, cache=cache)
         return _build_upstream(project, project.pins[name], opts, env, out_dir, cache)

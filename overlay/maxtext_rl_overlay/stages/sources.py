@@ -21,7 +21,7 @@ import zipfile
 from typing import Any
 
 from ..cache import buildcache
-from ..config import options
+from ..config import reader
 from ..config.pins import Pin
 from ..core import gittree
 from ..core.errors import OverlayError, TimedOut
@@ -49,7 +49,7 @@ FETCH_TIMEOUT = 600
 
 def obtain(pin: Pin, given: str | None, *, allow_unpinned: bool, cache: pathlib.Path | None = None) -> Source:
     """The verified source tree of `pin`, from `given` (a path) or the network."""
-    cache = options.cache_dir(cache)
+    cache = reader.cache_dir(cache)
     if given is None:
         return _from_network(pin, cache)
     path = pathlib.Path(given).expanduser()

@@ -51,9 +51,9 @@ from packaging.version import Version
 
 from .. import probes
 from ..cache import buildcache
-from ..config import options
-from ..config.environment import TARGET_PLATFORM, TARGET_PYTHON
+from ..config import reader
 from ..config.pins import load_project
+from ..config.target import TARGET_PLATFORM, TARGET_PYTHON
 from ..core import proc
 from ..core.digest import sha256_file
 from ..core.errors import ExitCode, OverlayError
@@ -139,9 +139,9 @@ class BundleOptions:
             which, _, why = text.partition(":")
             for name in names(which):
                 leave_out[str(canonicalize_name(name))] = why.strip() or "no reason given (--leave-out without one)"
-        return cls(project_root=options.project_root(args.project), release=args.release, out=args.out, host_index=tuple(args.host_index),
+        return cls(project_root=reader.project_root(args.project), release=args.release, out=args.out, host_index=tuple(args.host_index),
                    host_python=args.host_python, host_platform=args.host_platform, host_jax=args.host_jax, host_keep=names(args.host_keep),
-                   host_overrides=tuple(args.host_override), sources=options.named_sources(args.source), leave_out=leave_out,
+                   host_overrides=tuple(args.host_override), sources=reader.named_sources(args.source), leave_out=leave_out,
                    form=args.form, part_size=int(args.part_size * 2**20), python=args.python, allow_unpinned=args.unpinned,
                    torch_standin=args.torch_standin)
 
@@ -560,7 +560,7 @@ def _copy_upstream_tests(opts: BundleOptions, staging: pathlib.Path) -> None:
     conftest.py and __init__.py files above them), from the pin's source."""
     project = load_project(opts.project_root)
     pin = project.pins["tpu-inference"]
-    with buildcache.using(options.cache_dir()):
+    with buildcache.using(reader.cache_dir()):
         source = sources.obtain(pin, opts.sources.get("tpu-inference"), allow_unpinned=opts.allow_unpinned)
     dest = staging / "upstream"
     for rel in UPSTREAM_TESTS:

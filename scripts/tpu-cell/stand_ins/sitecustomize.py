@@ -4,7 +4,7 @@ cell's run.sh puts this folder on PYTHONPATH (after everything else) only
 when --host-stand-ins names one, and each is active only where
 MRL_HOST_STAND_INS (the one variable, from run.sh to the engine) names it.
 Each active one is in ACTIVE (name -> what it replaces): the tool reads this
-module's ACTIVE in its own process (maxtext_rl_overlay.config.options
+module's ACTIVE in its own process (maxtext_rl_overlay.config.reader
 host_stand_ins), so smoke's engine, a child that runs this module as it
 starts, copies them into its result, and every line it touches names them.
 

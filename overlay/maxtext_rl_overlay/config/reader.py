@@ -1,4 +1,4 @@
-"""The tool's options besides its command line, checked and typed: the
+"""The configuration reader: the tool's settings besides its command line, checked and typed: the
 `[tool.maxtext-rl-overlay]` table of pyproject.toml (and what the build reads
 of its `[project]` table) and the MRL_* environment variables. Their names
 are schema.py's (which also documents their types and defaults, and

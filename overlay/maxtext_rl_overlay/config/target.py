@@ -1,4 +1,4 @@
-"""The environment the overlay is resolved into: MaxText's RL extra and its torch.
+"""The target: the environment the overlay is resolved into, MaxText's RL extra and its torch.
 
 The closure constraints.txt pins is the user's whole environment, not only our
 wheels: it is resolved together with the MaxText release that the `maxtext`
@@ -27,8 +27,8 @@ from packaging.version import Version
 from ..core.errors import OverlayError
 from ..core.output import step
 from . import registry
-from .options import maxtext_requirement
 from .pins import Project
+from .reader import maxtext_requirement
 
 #: What the stack runs on: a TPU VM (x86_64 Linux, Python 3.12). The closure
 #: is resolved for it, and MaxText's requirement markers are evaluated for it.
@@ -64,7 +64,7 @@ class Torch:
 
 
 @dataclasses.dataclass(frozen=True)
-class Environment:
+class Target:
     maxtext: str  # the requirement the overlay's `maxtext` extra holds
     extra: str  # that extra's name
     constraints: tuple[str, ...]  # the MaxText release's overrides file, applied as constraints
@@ -81,7 +81,7 @@ class Environment:
         return self.torch.requirements if self.torch.standin else []
 
 
-def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> Environment:
+def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> Target:
     """Read the MaxText release the project names, and choose the torch."""
     options = project.options.maxtext
     extra = options.extra
@@ -112,7 +112,7 @@ def resolve(project: Project, *, torch_standin: bool, cache: pathlib.Path) -> En
             raise OverlayError(f"{pyproject}: [tool.maxtext-rl-overlay.torch] lacks find-links (where torch=={wanted} is published).")
         torch = Torch(wanted, wanted, vision, vision, links, False)
     step.note("environment", f"{requirement_text}, its {overrides_file} as constraints; {torch.describe()}")
-    return Environment(requirement_text, extra, constraints, f"{wheel.name}:{overrides_file}", torch, wheel, options.vllm_adapter)
+    return Target(requirement_text, extra, constraints, f"{wheel.name}:{overrides_file}", torch, wheel, options.vllm_adapter)
 
 
 def _exact(requires: list[str], extra: str, name: str, where: str) -> str:

@@ -1,4 +1,4 @@
-"""The options layer (options.py): pyproject.toml's [tool.maxtext-rl-overlay],
+"""The configuration reader (config/reader.py): pyproject.toml's [tool.maxtext-rl-overlay],
 the pin files and the MRL_* variables are checked and typed where they are
 read, with their names, types and defaults in one place (schema.py), which
 docs/configuration.md's tables say."""
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from maxtext_rl_overlay.config import options, pins, schema
+from maxtext_rl_overlay.config import pins, reader, schema
 from maxtext_rl_overlay.config.pins import load_project
 from maxtext_rl_overlay.core.errors import OverlayError
 from support import ROOT
@@ -159,9 +159,9 @@ def test_lint_checks_the_matrix_table_too(project, pattern, new, says):
 
 
 def test_project_defaults():
-    opts = options.project_options({"revision": 0, "resolution-cutoff": "2026-11-30T20:00:00Z", "maxtext": {"overrides-file": "o.txt"}},
+    opts = reader.project_options({"revision": 0, "resolution-cutoff": "2026-11-30T20:00:00Z", "maxtext": {"overrides-file": "o.txt"}},
                                    "pyproject.toml")
-    assert opts == options.ProjectOptions(0, "2026-11-30T20:00:00Z", options.MaxTextOptions("o.txt", "maxtext", ""), options.TorchOptions(()), {})
+    assert opts == reader.ProjectOptions(0, "2026-11-30T20:00:00Z", reader.MaxTextOptions("o.txt", "maxtext", ""), reader.TorchOptions(()), {})
     real = load_project(ROOT).options
     assert isinstance(real.revision, int) and real.maxtext.extra == "maxtext" and real.torch.find_links and real.matrix["cells"]
     assert load_project(ROOT).resolution_cutoff == real.resolution_cutoff
@@ -173,10 +173,10 @@ def test_the_resolution_cutoff_has_one_spelling(value):
     """One time, one spelling: it is a cache key and the constraints header's words."""
     data = {"revision": 0, "resolution-cutoff": value, "maxtext": {"overrides-file": "o.txt"}}
     with pytest.raises(OverlayError, match=re.escape(f"resolution-cutoff: {value!r} is not a time in UTC written as YYYY-MM-DDTHH:MM:SSZ")):
-        options.project_options(data, "pyproject.toml")
+        reader.project_options(data, "pyproject.toml")
     with pytest.raises(OverlayError, match="lacks the key 'resolution-cutoff'"):
-        options.project_options({"revision": 0, "maxtext": {"overrides-file": "o.txt"}}, "pyproject.toml")
-    assert options.cutoff_value(options.cutoff_now(), "now")
+        reader.project_options({"revision": 0, "maxtext": {"overrides-file": "o.txt"}}, "pyproject.toml")
+    assert reader.cutoff_value(reader.cutoff_now(), "now")
 
 
 def test_now_is_source_date_epoch_where_it_is_set(monkeypatch):
@@ -184,12 +184,12 @@ def test_now_is_source_date_epoch_where_it_is_set(monkeypatch):
     same moment as an unkilled one: reproducible-builds' SOURCE_DATE_EPOCH
     names "now" where set."""
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796000000")
-    assert options.cutoff_now() == "2026-11-30T00:53:20Z"
+    assert reader.cutoff_now() == "2026-11-30T00:53:20Z"
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     with pytest.raises(OverlayError, match="SOURCE_DATE_EPOCH must be whole seconds since 1970, not 'yesterday'"):
-        options.cutoff_now()
+        reader.cutoff_now()
     monkeypatch.delenv("SOURCE_DATE_EPOCH")
-    assert options.cutoff_now() > "2026-11-30T00:53:20Z"
+    assert reader.cutoff_now() > "2026-11-30T00:53:20Z"
 
 
 def test_the_cutoff_command_prints_the_cutoff_and_moves_it_in_place(project):
@@ -214,17 +214,17 @@ def test_the_cutoff_command_prints_the_cutoff_and_moves_it_in_place(project):
 
 def test_environment_defaults_and_checks(tmp_path):
     home = pathlib.Path("~/.cache/maxtext-rl-overlay").expanduser()
-    assert options.settings({}) == options.Settings(home, False, None)
-    assert options.settings({"XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "maxtext-rl-overlay"
-    assert options.settings({"MRL_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/elsewhere"}).cache_dir == tmp_path / "c"
+    assert reader.settings({}) == reader.Settings(home, False, None)
+    assert reader.settings({"XDG_CACHE_HOME": str(tmp_path)}).cache_dir == tmp_path / "maxtext-rl-overlay"
+    assert reader.settings({"MRL_CACHE_DIR": str(tmp_path / "c"), "XDG_CACHE_HOME": "/elsewhere"}).cache_dir == tmp_path / "c"
     for on in ("1", "true", "YES", "on"):
-        assert options.settings({"MRL_REFRESH": on}).refresh
+        assert reader.settings({"MRL_REFRESH": on}).refresh
     for off in ("", "0", "false", "no", "off"):
-        assert not options.settings({"MRL_REFRESH": off}).refresh
-    assert options.settings({"MRL_PYTHON": "/usr/bin/python3.12"}).python == "/usr/bin/python3.12"
+        assert not reader.settings({"MRL_REFRESH": off}).refresh
+    assert reader.settings({"MRL_PYTHON": "/usr/bin/python3.12"}).python == "/usr/bin/python3.12"
     for name, value in (("MRL_REFRESH", "maybe"),):
         with pytest.raises(OverlayError, match=re.escape(f"{name}={value!r}: expected")):
-            options.settings({name: value})
+            reader.settings({name: value})
 
 
 @pytest.mark.parametrize("layers, wins", [
@@ -240,9 +240,9 @@ def test_the_cache_dir_takes_each_layer_over_the_one_before(tmp_path, layers, wi
                "mrl": tmp_path / "mrl", "given": tmp_path / "given"}
     environ = {name: str(tmp_path / value) for name, value in layers.items() if name != "given"}
     given = folders["given"] if "given" in layers else None
-    assert options.cache_dir(given, environ) == folders[wins]
+    assert reader.cache_dir(given, environ) == folders[wins]
     if given is None:
-        assert options.settings(environ).cache_dir == folders[wins], "settings() reads the same"
+        assert reader.settings(environ).cache_dir == folders[wins], "settings() reads the same"
 
 
 def test_the_checkout_is_the_one_holding_the_current_folder_unless_project_names_one(project, tmp_path):
@@ -250,27 +250,27 @@ def test_the_checkout_is_the_one_holding_the_current_folder_unless_project_names
     current folder, then --project over it; outside a checkout, without
     --project, a refusal that names the option."""
     inside = project / "patches" / "vllm"
-    assert options.project_root(None, inside) == project
-    assert options.project_root(tmp_path / "elsewhere", inside) == tmp_path / "elsewhere"
+    assert reader.project_root(None, inside) == project
+    assert reader.project_root(tmp_path / "elsewhere", inside) == tmp_path / "elsewhere"
     with pytest.raises(OverlayError, match="pass --project"):
-        options.project_root(None, tmp_path)
+        reader.project_root(None, tmp_path)
 
 
-def test_every_mrl_variable_of_the_tool_is_read_in_options_only():
+def test_every_mrl_variable_of_the_tool_is_read_in_the_reader_only():
     reads = re.compile(r"""\b(?:environ|env)(?:\.get)?\s*[\[(]\s*["'](MRL_\w+)""")
     package = ROOT / "overlay" / "maxtext_rl_overlay"
-    elsewhere = {f"{p.relative_to(package)}: {m}" for p in package.rglob("*.py") if p.name != "options.py" for m in reads.findall(p.read_text())}
-    assert not elsewhere, "read outside options.py"
-    assert set(reads.findall((package / "config" / "options.py").read_text())) == set(options.VARIABLES)
+    elsewhere = {f"{p.relative_to(package)}: {m}" for p in package.rglob("*.py") if p.name != "reader.py" for m in reads.findall(p.read_text())}
+    assert not elsewhere, "read outside reader.py"
+    assert set(reads.findall((package / "config" / "reader.py").read_text())) == set(reader.VARIABLES)
 
 
-def _keys_read(*readers) -> set[str]:
-    """The keys `readers` read by name: the literal key of a typed read
-    (options.string(data, "key", ...) and the like) or of a dict's get."""
+def _keys_read(*functions) -> set[str]:
+    """The keys `functions` read by name: the literal key of a typed read
+    (reader.string(data, "key", ...) and the like) or of a dict's get."""
     typed = {"string", "boolean", "natural", "strings", "version", "iso_date", "cutoff", "requirements", "string_table", "_get"}
     found = set()
-    for reader in readers:
-        for node in ast.walk(ast.parse(inspect.getsource(reader).lstrip())):
+    for function in functions:
+        for node in ast.walk(ast.parse(inspect.getsource(function).lstrip())):
             if not isinstance(node, ast.Call):
                 continue
             if isinstance(node.func, ast.Name) and node.func.id in typed and len(node.args) > 1:
@@ -285,7 +285,7 @@ def _keys_read(*readers) -> set[str]:
 
 
 @pytest.mark.parametrize(("place", "readers"), [
-    (schema.PYPROJECT, (options.project_options,)),
+    (schema.PYPROJECT, (reader.project_options,)),
     (schema.PIN, (pins.read_pin, pins.read_rebase_policy)),
 ])
 def test_the_readers_read_exactly_the_schemas_keys(place, readers):
@@ -321,7 +321,7 @@ def test_the_scripts_variables_are_used_where_the_schema_says():
                     "scripts, tests, workflows and TPU cell in config/schema.py is still used there")
     text = "\n".join(p.read_text(errors="replace") for place in places for p in place.rglob("*")
                      if p.is_file() and p.suffix in (".py", ".sh", ".yml", ".toml"))
-    unused = [name for name in options.TEST_VARIABLES if not re.search(rf"\b{name}\b", text)]
+    unused = [name for name in reader.TEST_VARIABLES if not re.search(rf"\b{name}\b", text)]
     assert not unused, "in config/schema.py but in no script, test or workflow"
 
 
