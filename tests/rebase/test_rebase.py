@@ -205,6 +205,17 @@ def test_abort_restores_every_file_byte_for_byte(upstream, tmp_path):
     assert git(project, "status", "--porcelain") == ""
 
 
+def _dropped_as_applied_upstream(proc: subprocess.CompletedProcess[str], project: pathlib.Path, commit: str) -> str:
+    """The rebase passed and dropped the patch as upstream's `commit`: gone from
+    the series' folder and recorded in the series (returned)."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "0001-") == f"dropped: already upstream  (Applied-Upstream: {commit[:12]})"
+    assert not (project / TPU / PATCH).exists()
+    series = (project / TPU / "series").read_text()
+    assert f"# Applied-Upstream: {PATCH} in {commit}" in series
+    return series
+
+
 def test_patch_already_upstream_is_dropped_and_recorded(upstream, tmp_path):
     repo, commits = upstream
     _branch(repo, "taken", commits["old"])
@@ -214,11 +225,7 @@ def test_patch_already_upstream_is_dropped_and_recorded(upstream, tmp_path):
     new = commit_all(repo, "A later commit", "2026-08-03T12:00:00+00:00")
     project = _project(tmp_path, repo, commits["old"])
     proc = rebase(project, "tpu-inference", "taken", "--source", str(repo), "--no-tests")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert row(proc.stdout, "0001-") == f"dropped: already upstream  (Applied-Upstream: {taken[:12]})"
-    assert not (project / TPU / PATCH).exists()
-    series = (project / TPU / "series").read_text()
-    assert f"# Applied-Upstream: {PATCH} in {taken}" in series and f"onto {new}" in series
+    assert f"onto {new}" in _dropped_as_applied_upstream(proc, project, taken)
     assert _pin(project)["commit"] == new
     assert _status(project) == [("D", str(TPU / PATCH)), ("M", str(TPU / "pin.toml")), ("M", str(TPU / "series"))]
 
@@ -234,10 +241,7 @@ def test_patch_upstream_took_with_changes_applies_as_empty_and_is_dropped(upstre
     new = commit_all(repo, "Reshard logprobs (reworked)", "2026-08-02T12:00:00+00:00")
     project = _project(tmp_path, repo, commits["old"])
     proc = rebase(project, "tpu-inference", "taken-changed", "--source", str(repo), "--no-tests")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert row(proc.stdout, "0001-") == f"dropped: already upstream  (Applied-Upstream: {new[:12]})"
-    assert not (project / TPU / PATCH).exists()
-    assert f"# Applied-Upstream: {PATCH} in {new}" in (project / TPU / "series").read_text()
+    _dropped_as_applied_upstream(proc, project, new)
 
 
 REWRITTEN = "    # part of the array types: top_k and take_along_axis reject an operand\n"
