@@ -138,6 +138,10 @@ def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumu
     site = tmp_path / "build" / "tpu-cell" / "site"
     assert (site / "pybase64").is_dir() and (site / "regex").is_dir(), "one from the bundle, one from the host's index"
     assert not (site / "jax").exists(), "the host's own JAX is kept, not installed again"
+    # The site's bytecode is compiled at its final path (pip installed into a staging folder, compiling nothing).
+    assert list((site / "regex" / "__pycache__").glob("*.cpython-311.pyc")), "the installed modules' bytecode"
+    assert "; bytecode compiled in " in doc["steps"]["install"]["summary"], doc["steps"]["install"]["summary"]
+    assert not any(str(site.with_name(site.name + ".partial")) in p.read_bytes().decode("latin-1") for p in site.rglob("*.pyc"))
     assert doc["host"]["python"].startswith("3.11.") and doc["host"]["jax"] == "0.10.2"
     assert doc["steps"]["install"]["rc"] == 0 and doc["steps"]["install"]["stand_ins"] == ["torchvision-no-ops"]
     deviations = doc["deviations"]
