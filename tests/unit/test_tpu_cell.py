@@ -143,6 +143,7 @@ def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumu
     assert "; bytecode compiled in " in doc["steps"]["install"]["summary"], doc["steps"]["install"]["summary"]
     assert not any(str(site.with_name(site.name + ".partial")) in p.read_bytes().decode("latin-1") for p in site.rglob("*.pyc"))
     assert doc["host"]["python"].startswith("3.11.") and doc["host"]["jax"] == "0.10.2"
+    assert doc["host"]["writes_bytecode"] is (not env.get("PYTHONDONTWRITEBYTECODE")), (doc["host"], env.get("PYTHONDONTWRITEBYTECODE"))
     assert doc["steps"]["install"]["rc"] == 0 and doc["steps"]["install"]["stand_ins"] == ["torchvision-no-ops"]
     deviations = doc["deviations"]
     assert deviations[0].startswith("Python 3.11") and "jax 0.10.2 (the release's: 0.11.0)" in deviations

@@ -132,6 +132,9 @@ class Cell:
             "python": found["python"],
             "glibc": platform.libc_ver()[1],
             "machine": platform.machine(),
+            # Whether the steps' Pythons write the bytecode they compile (PYTHONDONTWRITEBYTECODE unset):
+            # where not, only what the install compiled is kept (compile_bytecode).
+            "writes_bytecode": not sys.flags.dont_write_bytecode,
             "jax": found["distributions"].get("jax", ["not installed"])[0],
             "jaxlib": found["distributions"].get("jaxlib", ["not installed"])[0],
             "libtpu": found["distributions"].get("libtpu", ["not installed"])[0],
