@@ -310,6 +310,23 @@ def test_the_schema_declares_each_setting_once_and_in_full():
     assert not [s.name for s in schema.SETTINGS if "|" in s.type + s.default + s.meaning], "a | would split the docs' row"
 
 
+def test_the_settings_file_is_refused_where_a_row_is_wrong():
+    """resources/settings.toml is checked as it is read: a missing or extra
+    field, an unknown place, a name twice in a place, each named with its row."""
+    row = '[[setting]]\nplace = "environment"\nname = "SOME_NAME"\ntype = "t"\ndefault = "d"\nmeaning = "m"\n'
+    assert [s.name for s in schema.load(row, "f")] == ["SOME_NAME"]
+    wrong = {
+        row + row.replace("meaning", "meanings"): "setting 2: expected the fields",
+        row.replace('"d"', '""'): "setting 1: expected the fields",
+        row.replace("environment", "elsewhere"): "unknown place 'elsewhere'",
+        row + row: "setting 2: SOME_NAME is in environment twice",
+        "": "expected [[setting]] tables",
+    }
+    for text, said in wrong.items():
+        with pytest.raises(ValueError, match=re.escape(said)):
+            schema.load(text, "f")
+
+
 def test_the_scripts_variables_are_used_where_the_schema_says():
     """The schema's variables of the scripts, the tests and the workflows are
     each read there (a variable they stopped reading leaves the schema too)."""
@@ -333,12 +350,12 @@ def test_every_mrl_variable_read_anywhere_is_in_the_schema():
     named = {name for place in places for p in place.rglob("*") if p.is_file() and p.suffix in (".py", ".sh", ".yml", ".toml", "")
              for name in re.findall(r"\bMRL_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(errors="replace"))}
     missing = sorted(named - {s.name for s in schema.SETTINGS})
-    assert not missing, f"named in the project but not in config/schema.py: {missing}"
+    assert not missing, f"named in the project but not in resources/settings.toml: {missing}"
 
 
 def test_the_docs_tables_are_the_schemas():
     """docs/configuration.md (the README's maintainers section links it)
-    shows the schema's tables, generated: a setting changed in schema.py
+    shows the schema's tables, generated: a setting changed in resources/settings.toml
     changes the page in the same commit."""
     page = (ROOT / "docs" / "configuration.md").read_text()
     assert page == schema.with_tables(page, "docs/configuration.md"), \
