@@ -14,8 +14,7 @@ import tarfile
 import tempfile
 import tomllib
 
-from maxtext_rl_overlay.cache import buildcache
-from maxtext_rl_overlay.config import reader
+import standins  # tests/standins.py: tests/ is on sys.path (pyproject's pythonpath)
 from support import TESTS
 from support.project import project_copy, run_tool, set_pin
 
@@ -28,14 +27,9 @@ PROJECT_FILES = ("docs", "constraints.txt", ".gitignore", ".ci", ".github", "scr
                  "tests/conftest.py", "tests/standins.py", "tests/support")
 
 
-def cache_dir() -> pathlib.Path:
-    buildcache.claim(reader.settings().cache_dir)  # the tool's cache: tagged before anything goes in
-    return reader.settings().cache_dir / "standins"
-
-
 def fetch(spec: dict) -> pathlib.Path:
     """The sdist of a drift.toml entry, downloaded once into the cache."""
-    dest = cache_dir() / spec["sdist"]
+    dest = standins.cache_dir() / spec["sdist"]
     if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == spec["sha256"]:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
