@@ -203,9 +203,10 @@ class Cell:
         if result["rc"] == 0:
             shutil.rmtree(self.target, ignore_errors=True)
             staging.rename(self.target)
-            compiled = self.compile_bytecode()
             marker.write_text(key + "\n")
+            # The distributions' size, as pip installed them: the bytecode compiled next is not counted.
             size = sum(p.stat().st_size for p in self.target.rglob("*") if p.is_file() and not p.is_symlink())
+            compiled = self.compile_bytecode()
             result["summary"] = (f"{len(pins)} distribution(s) into {self.target} ({size / 2**30:.2f} GiB); the host's own kept: "
                                  + ", ".join(f"{n} {v}" for n, v in sorted(host["host_path_distributions"].items())
                                              if host_facts.normal(n) in wanted))
