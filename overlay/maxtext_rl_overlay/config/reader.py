@@ -1,13 +1,15 @@
-"""The configuration reader: the tool's settings besides its command line, checked and typed: the
-`[tool.maxtext-rl-overlay]` table of pyproject.toml (and what the build reads
-of its `[project]` table) and the MRL_* environment variables. Their names
-are schema.py's (which also documents their types and defaults, and
-generates docs/configuration.md's tables); each value is checked when it is
-read: a wrong type, or a misspelt key (with the nearest
-known one), is refused with its place and what was expected, instead of
-falling back to a default or failing later. The pin files (pins.py) and the
-matrix table (testmatrix.py) are read with the same checks. Also here: the one value of the command line that two
-stages read (an upstream's source, NAME=PATH), and the TPU cell's host stand-ins active in the process (host_stand_ins)."""
+"""The configuration reader: the tool's settings besides its command line,
+checked and typed: the `[tool.maxtext-rl-overlay]` table of pyproject.toml
+(and what the build reads of its `[project]` table) and the MRL_*
+environment variables. Their names are the schema's (schema.py, which also
+documents their types and defaults and generates docs/configuration.md's
+tables); each value is checked when it is read: a wrong type, or a misspelt
+key (with the nearest known one), is refused with its place and what was
+expected, instead of falling back to a default or failing later. The pin
+files (pins.py) and the matrix table (testmatrix.py) are read with the same
+checks. Also here: the cache folder's layers (cache_dir), the one value of
+the command line that two stages read (an upstream's source, NAME=PATH),
+and the TPU cell's host stand-ins active in the process (host_stand_ins)."""
 
 from __future__ import annotations
 
