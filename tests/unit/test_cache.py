@@ -180,7 +180,7 @@ def test_every_kind_of_entry_the_code_keeps_is_one_clean_knows():
     (`cache / "name"`, or the kind asked for its entry: `KINDS["name"]`) that
     it does not list would outlive every clean, and one it lists that nothing
     keeps is a stale entry."""
-    pattern = re.compile(r'cache(?:_root\(\)|_dir)?\)? / "([^"]+)"|KINDS\["([^"]+)"\]')
+    pattern = re.compile(r'cache(?:_dir(?:\(\))?)?\)? / "([^"]+)"|KINDS\["([^"]+)"\]')
     files = [*(ROOT / "overlay").rglob("*.py"), ROOT / "tests" / "standins.py", *(ROOT / "tests" / "support").glob("*.py")]
     kept = {m.group(1) or m.group(2): path.relative_to(ROOT).as_posix() for path in files for m in pattern.finditer(path.read_text())}
     assert set(kept) == set(buildcache.KINDS), kept
