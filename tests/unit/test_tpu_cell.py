@@ -150,9 +150,11 @@ def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumu
     assert "torchvision 0.28.0 (the release's: 0.26.0)" in deviations and "not installed (1): nvidia-nccl" in deviations, deviations
     md = (report / "cell.md").read_text()
     assert "| install |" in md and "torchvision-no-ops" in md and "jax 0.10.2 (the release's: 0.11.0)" in md
-    # A second call (a later chip call): install is skipped, the report keeps the first call's steps.
+    # A second call (a later chip call): install is skipped, and its run is kept beside the first call's, not over it.
     again = cell("--steps", "install", "--host-stand-ins", "torchvision-no-ops")
-    assert again.returncode == 0 and "already installed" in json.loads((report / "cell.json").read_text())["steps"]["install"]["summary"]
+    steps = json.loads((report / "cell.json").read_text())["steps"]
+    assert again.returncode == 0 and "already installed" in steps["install#2"]["summary"], steps
+    assert steps["install"] == doc["steps"]["install"], steps
     # --budget (a chip call's hard limit): a step that could not finish inside it is not started, and says so.
     cut = cell("--steps", "verify", "--budget", "30", "--host-stand-ins", "torchvision-no-ops")
     verify = json.loads((report / "cell.json").read_text())["steps"]["verify"]

@@ -104,7 +104,7 @@ class Cell:
         self.report_dir.mkdir(parents=True, exist_ok=True)
         (self.report_dir / "steps").mkdir(exist_ok=True)
         self.report = read_report(self.report_dir / "cell.json", self.facts)
-        self.repeat_index = 1
+        self.current: dict[str, str] = {}  # step -> the label this run of it is kept under (next_label)
 
     # -- the environment of every step -------------------------------------
 
@@ -250,7 +250,7 @@ class Cell:
     def run(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None, junit: pathlib.Path | None = None,
             cwd: pathlib.Path | None = None, timeout: float | None = None) -> dict[str, Any]:
         """`timeout`: the step's bound where the caller has read it already (self.bound)."""
-        log = self.report_dir / "steps" / f"{name}.log"
+        log = self.report_dir / "steps" / f"{self.label(name)}.log"
         timeout = timeout or self.bound(name)
         print(f"[tpu-cell] {name}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''} (at most {timeout:.0f} s; log {log})", flush=True)
         began = time.monotonic()
@@ -280,7 +280,7 @@ class Cell:
         return result
 
     def pytest(self, name: str, paths: list[str], extra_env: dict[str, str], *more: str) -> dict[str, Any]:
-        junit = self.report_dir / "steps" / f"{name}.xml"
+        junit = self.report_dir / "steps" / f"{self.label(name)}.xml"
         junit.unlink(missing_ok=True)  # a killed run writes none: an earlier call's must not stand for it
         # This file, as a pytest plugin (`-p cell`, the bundle's root is the step's folder), stops the
         # session before a test that would not finish inside the bound: the tests run keep their record.
@@ -352,8 +352,20 @@ class Cell:
         return int(devices["count"])
 
     def label(self, name: str) -> str:
-        """The name a step's result is kept under: a repeat of it in this call is `NAME#K`."""
-        return name if self.repeat_index == 1 else f"{name}#{self.repeat_index}"
+        """The name this run of a step is kept under (its result, log, JUnit record and JSON)."""
+        return self.current.get(name, name)
+
+    def next_label(self, name: str) -> str:
+        """`NAME` for a step's first run in the report, `NAME#K` for its K-th,
+        in this call (--repeat) or a later one (the same step again with other
+        arguments): no run's result or files are written over another's."""
+        taken = self.report["steps"]
+        if name not in taken:
+            return name
+        k = 2
+        while f"{name}#{k}" in taken:
+            k += 1
+        return f"{name}#{k}"
 
     # -- the report ------------------------------------------------------------
 
@@ -605,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the whole call's bound: each step's is cut to what is left of it, and a step with less than "
                              f"{MIN_STEP_SECONDS} s left is not run (the report says so)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
-                        help="run the steps N times in a row (smoke's consecutive runs): each result kept as STEP#K, K > 1")
+                        help="run the steps N times in a row (smoke's consecutive runs); a step's K-th run in the report, "
+                             "in this call or an earlier one, is kept as STEP#K")
     parser.add_argument("passthrough", nargs="*", help="after --: more arguments for the (single) step named")
     args = parser.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
@@ -622,12 +635,12 @@ def main(argv: list[str] | None = None) -> int:
     cell.report["host"] = cell.host_facts(devices=any(s != "install" for s in steps))
     cell.report["bundle"] = cell.bundle_facts()
     worst = 0
-    for cell.repeat_index in range(1, max(args.repeat, 1) + 1):
+    for _ in range(max(args.repeat, 1)):
         for name in steps:
+            label = cell.current[name] = cell.next_label(name)
             result = cell.step(name, args.passthrough)
             result["when"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             result["stand_ins"] = stand_ins
-            label = cell.label(name)
             cell.report["steps"][label] = cast("CellStep", result)
             if (cell.target / INSTALLED).is_file():
                 cell.report["deviations"] = cell.deviations()
