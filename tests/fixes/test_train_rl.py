@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -286,9 +287,20 @@ def test_the_rollout_uses_tunix_logprobs_settings(overlay_run):
 
 def by_the_upstreams(replacement: str) -> bool:
     """Whether a replacement's code (after the colon: its file) is one of the
-    upstreams' own installed files."""
-    where = replacement.split(": ", 1)[1].replace(os.sep, "/")
-    return any(f"/site-packages/{package}/" in where for package in ("tunix", "tpu_inference", "vllm"))
+    upstreams' own installed files: under the folder each package is imported
+    from here (the run's PYTHONPATH is this process's), wherever the install
+    put it (a venv's site-packages, the TPU cell's --target folder)."""
+    where = os.path.realpath(replacement.split(": ", 1)[1])
+    return any(os.path.commonpath([where, folder]) == folder for folder in upstream_folders())
+
+
+def upstream_folders() -> list[str]:
+    """The installed upstreams' package folders (found, not imported)."""
+    folders = []
+    for package in ("tunix", "tpu_inference", "vllm"):
+        spec = importlib.util.find_spec(package)
+        folders += [os.path.realpath(f) for f in (spec.submodule_search_locations or [])] if spec else []
+    return folders
 
 
 @cell
@@ -321,7 +333,7 @@ def test_nothing_in_the_upstreams_is_replaced(overlay_run):
             # is_base_embedding_weights, vLLM its envs.__getattr__) is theirs.
             others = [r for r in replaced if not (r.startswith(PLUGIN_KV_SPEC) and "maxtext_vllm_adapter/adapter.py" in r)
                       and not by_the_upstreams(r)]
-            assert others == [], replaced
+            assert others == [], "\n".join(replaced)  # a str: pytest shows it whole
     if PLATFORM == "cpu":
         stand_ins = {r.split(":", 1)[0] for r in checks["replaced_after_engine_start"]["stand_ins"]}
         assert "tpu_inference.utils.hbm_usage_bytes" in stand_ins, stand_ins
