@@ -24,6 +24,7 @@ IDENT = {"GIT_AUTHOR_NAME": "upstream", "GIT_AUTHOR_EMAIL": "u@u", "GIT_COMMITTE
 #: What a rebase's project copy holds besides the tool's inputs and LICENSE:
 #: enough to run the tool and its fast tests.
 PROJECT_FILES = ("docs", "constraints.txt", ".gitignore", ".ci", ".github", "scripts", "overlay", "image", "tests/README.md", "tests/unit",
+                 "tests/bench",  # tests/unit/test_bench_sizes.py reads the sync benchmark's sizes
                  "tests/conftest.py", "tests/standins.py", "tests/support")
 
 
