@@ -65,3 +65,25 @@ def pytest_sessionstart(session):
             f"{devices[0].platform if devices else 'no'} device(s) of kind {', '.join(kinds) or 'none'}.",
             returncode=3,
         )
+
+
+@pytest.fixture(scope="session")
+def family_models():
+    """`family_models(name)`: the FamilyModels of that family of
+    support/fixes/maxtext_models.py (a tiny real MaxText actor moved as
+    training moves it, its rollout target, the values the target must
+    receive), built once a session at the first test that asks: the
+    weight-sync tests of several files share them (each costs MaxText's
+    configuration and model creation)."""
+    from support.fixes import maxtext_models
+
+    if not maxtext_models.AVAILABLE:
+        pytest.skip("needs MaxText 0.2.4 (the matrix's maxtext-0.2.4 cell): would have synced tiny real MaxText models")
+    built: dict = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = maxtext_models.FamilyModels(maxtext_models.FAMILIES[name])
+        return built[name]
+
+    return get

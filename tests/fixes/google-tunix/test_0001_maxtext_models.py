@@ -28,7 +28,6 @@ is named in a warning.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import pathlib
 from typing import Any
@@ -52,7 +51,7 @@ pytestmark = [
     ),
 ]
 
-SOURCES = ["param-only, MaxText pre-unroll", "param-only", "unfiltered", "unfiltered, chunked"]
+SOURCES = list(maxtext_models.FamilyModels.SOURCES)
 
 
 @pytest.fixture(scope="module")
@@ -68,106 +67,13 @@ def modules():
     return upstream, patched
 
 
-class Models:
-    """One family's actor, target and the values the target must receive."""
-
-    def __init__(self, family):
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
-        self.family = family
-        self.actor, _ = maxtext_models.actor(family)
-        # Counts that differ from layer to layer (a fresh model's are all 0),
-        # so a count from the wrong layer shows; the keys differ already.
-        counts = nnx.state(self.actor, nnx.RngCount)
-        nnx.update(self.actor, jax.tree.map(lambda c: c + jnp.arange(c.size, dtype=c.dtype).reshape(c.shape) * 7 + 3, counts))
-        # Parameters moved as training moves them (a fresh model's norm scales
-        # are all ones, the target's too), so a weight left stale shows.
-        params = nnx.state(self.actor, nnx.Param)
-        keys = iter(jax.random.split(jax.random.key(7), len(jax.tree.leaves(params))))
-        nnx.update(self.actor, jax.tree.map(lambda p: p + 0.01 * jax.random.normal(next(keys), p.shape, p.dtype), params))
-        self.target = maxtext_models.target(family)
-        self.expected = maxtext_models.expected_params(self.actor, family, self.target)
-        self.actor_flat = {tuple(p): v for p, v in nnx.to_flat_state(nnx.state(self.actor))}
-
-    def source(self, name):
-        """(source state, reshard_chunk_size) as the named path hands them over."""
-        from flax import nnx
-
-        if name == "param-only, MaxText pre-unroll":
-            return maxtext_models.maxtext_pre_unroll(maxtext_models.param_state(self.actor)), None
-        if name == "param-only":
-            return maxtext_models.param_state(self.actor), None
-        if name == "unfiltered":
-            return nnx.state(self.actor), None
-        if name == "unfiltered, chunked":
-            return {"base": nnx.state(self.actor)["base"]}, 128
-        raise ValueError(name)
-
-    def fresh_target(self):
-        import jax
-
-        return jax.tree.map(lambda x: x.copy(), self.target)
+#: The families whose structures 0001 maps (the other families: test_0002).
+FAMILIES = ("llama3", "gemma3", "qwen3-moe")
 
 
-@pytest.fixture(scope="module", params=list(maxtext_models.FAMILIES))
-def models(request):
-    return Models(maxtext_models.FAMILIES[request.param])
-
-
-def _sync(module, models, source, shims=None):
-    from tunix.rl import reshard
-
-    state, chunk = models.source(source)
-    dst = models.fresh_target()
-    with shims or contextlib.nullcontext():
-        module.transfer_state_directly(state, dst, reshard_fn=reshard.reshard_pytree, reshard_chunk_size=chunk)
-    return dst
-
-
-def _outcome(models, dst):
-    """What the target holds after a sync: per nnx.Param exact / stale / wrong,
-    per per-layer rng leaf its own layer's value or not, shardings kept."""
-    import jax
-    import numpy as np
-    from flax import nnx
-
-    before = {tuple(p): v[...] for p, v in nnx.to_flat_state(models.target)}
-    after = {tuple(p): v for p, v in nnx.to_flat_state(dst)}
-    out: dict[str, list[Any]] = {"exact": [], "stale": [], "wrong": [], "rng_own": [], "rng_kept": [], "rng_other": [], "sharding": []}
-    for path, var in after.items():
-        got = var[...]
-        if got.sharding != before[path].sharding:
-            out["sharding"].append(path)
-        if isinstance(var, nnx.Param):
-            want = models.expected[path]
-            if got.shape == want.shape and got.dtype == want.dtype and np.array_equal(np.asarray(got), want):
-                out["exact"].append(path)
-            elif np.array_equal(np.asarray(got), np.asarray(before[path])):
-                out["stale"].append(path)
-            else:
-                out["wrong"].append(path)
-        elif isinstance(var, nnx.RngState) and any(str(p).startswith("layers_") for p in path):
-            src_path, idx = maxtext_models.per_layer_rng_source(path, models.family)
-            want, old = models.actor_flat[src_path][...], before[path]
-            want = want if idx is None else want[idx]
-            if jax.dtypes.issubdtype(got.dtype, jax.dtypes.prng_key):
-                got, want, old = (jax.random.key_data(x) for x in (got, want, old))
-            if np.array_equal(np.asarray(got), np.asarray(want)):
-                out["rng_own"].append(path)
-            else:
-                out["rng_kept" if np.array_equal(np.asarray(got), np.asarray(old)) else "rng_other"].append(path)
-    return out
-
-
-def _layer_params(models):
-    """The target's parameters of its layers (layers_0..N-1): gemma3's scanned
-    blocks and remainder layers both, which upstream finds no source path for."""
-    from flax import nnx
-
-    return sorted(tuple(p) for p, v in nnx.to_flat_state(models.target)
-                  if isinstance(v, nnx.Param) and any(str(part).startswith("layers_") for part in p))
+@pytest.fixture(scope="module", params=FAMILIES)
+def models(request, family_models):
+    return family_models(request.param)
 
 
 def _assert_all_exact(models, out):
@@ -190,14 +96,14 @@ def test_sync(models, modules, source, caplog, record_property):
     # -- upstream with the same state
     if source.startswith("unfiltered"):
         with pytest.raises(IndexError) as excinfo:
-            _sync(upstream, models, source)
+            models.sync(upstream, source)
         record_property("upstream", assert_report_error(excinfo, SCALAR_RNG if family == "gemma3" else STACKED_RNG))
     else:
-        out = _outcome(models, _sync(upstream, models, source))
+        out = models.outcome(models.sync(upstream, source))
         if family == "gemma3" and source == "param-only":
             # No candidate path matches the scanned blocks nor the remainder
             # layers: every layer weight keeps its old value, without a word.
-            assert sorted(out["stale"]) == _layer_params(models)
+            assert sorted(out["stale"]) == models.layer_params()
             assert not out["wrong"]
         else:
             _assert_all_exact(models, out)
@@ -205,7 +111,7 @@ def test_sync(models, modules, source, caplog, record_property):
     # -- the overlay
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        out = _outcome(models, _sync(patched, models, source))
+        out = models.outcome(models.sync(patched, source))
     _assert_all_exact(models, out)
     if source.startswith("unfiltered"):
         # Every per-layer rng leaf was checked, and holds its own layer's value.
@@ -250,9 +156,9 @@ def test_shared_rng_leaf_receives_layer_0(models, modules):
             layers_of.setdefault(layer_free(path), set()).add(next(p for p in path if str(p).startswith("layers_")))
     shared = [path for path, var in flat.items() if isinstance(var, nnx.RngState) and layers_of.get(layer_free(path)) == {"layers_0"}]
     assert shared, "no target rng leaf is listed under layers_0 alone"
-    dst = {tuple(p): v for p, v in nnx.to_flat_state(_sync(patched, models, "unfiltered"))}
+    dst = {tuple(p): v for p, v in nnx.to_flat_state(models.sync(patched, "unfiltered"))}
     for path in shared:
-        src_path, idx = maxtext_models.per_layer_rng_source(path, models.family)
+        src_path, idx = maxtext_models.per_layer_rng_source(path, models.family, models.actor_flat)
         assert idx == 0
         got, want = dst[path][...], models.actor_flat[src_path][...][0]
         if jax.dtypes.issubdtype(got.dtype, jax.dtypes.prng_key):
@@ -267,9 +173,9 @@ def test_upstream_under_maxtext_shims(models, modules):
     they rescue llama3 and qwen3, but on gemma3 every layer weight stays stale
     and the per-layer rng leaves get the decoder-level `dropout.rngs`."""
     upstream, _ = modules
-    out = _outcome(models, _sync(upstream, models, "unfiltered", maxtext_shims.train_rl_patches_on(upstream)))
+    out = models.outcome(models.sync(upstream, "unfiltered", maxtext_shims.train_rl_patches_on(upstream)))
     if models.family.name == "gemma3":
-        assert sorted(out["stale"]) == _layer_params(models)
+        assert sorted(out["stale"]) == models.layer_params()
         assert out["rng_other"]
     else:
         _assert_all_exact(models, out)
@@ -311,5 +217,5 @@ def test_an_unmappable_weight_is_named(models, modules, caplog):
         patched.transfer_state_directly(nnx.from_flat_state(state), dst, reshard_fn=reshard.reshard_pytree)
     messages = [r.getMessage() for r in caplog.records if "transfer_state_directly" in r.getMessage()]
     assert any("decoder.dropout.rngs.params.count is not stacked over layers" in m for m in messages), messages
-    out = _outcome(models, dst)
+    out = models.outcome(dst)
     _assert_all_exact(models, out)

@@ -66,6 +66,15 @@ class Family:
     overrides: dict = dataclasses.field(default_factory=dict)
 
 
+#: The MoE settings of a tiny MoE family: 4 experts, dense matmuls on CPU.
+_MOE = dict(num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=64, megablox=False, sparse_matmul=False,
+            capacity_factor=-1)
+#: DeepSeek's multi-head latent attention, shrunk.
+_MLA = dict(q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
+
+#: Every family MaxText 0.2.4's Tunix integration ships a weight mapping for
+#: (maxtext/integration/tunix/weight_mapping: deepseek3, gemma3, gpt_oss,
+#: llama3, qwen2, qwen3), each as MaxText scans it for train_rl's actor.
 FAMILIES = {
     # llama3.1-8b shrunk to 4 layers: the target's layers share the decoder's nnx.Rngs.
     "llama3": Family("llama3", "llama3.1-8b", 4),
@@ -73,9 +82,20 @@ FAMILIES = {
     # two scanned repeats of the pattern plus 2 remainder layers.
     "gemma3": Family("gemma3", "gemma3-4b", 14),
     # qwen3-30b-a3b (MoE) shrunk to 4 layers of 4 experts, dense matmuls on CPU.
-    "qwen3-moe": Family("qwen3-moe", "qwen3-30b-a3b", 4, dict(
-        num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=64, megablox=False, sparse_matmul=False,
-        capacity_factor=-1)),
+    "qwen3-moe": Family("qwen3-moe", "qwen3-30b-a3b", 4, _MOE),
+    # qwen3-0.6b (dense, MaxText's RL test's model) shrunk to 4 layers.
+    "qwen3": Family("qwen3", "qwen3-0.6b", 4),
+    # qwen2.5-7b shrunk to 4 layers (qkv biases).
+    "qwen2": Family("qwen2", "qwen2.5-7b", 4),
+    # deepseek3-671b shrunk to 2 dense and 3 MoE layers: scanned as
+    # `dense_layers` and `moe_layers`, unrolled as `dense_layers_K`, `moe_layers_K`.
+    "deepseek3": Family("deepseek3", "deepseek3-671b", 5, dict(first_num_dense_layers=2, **_MOE, **_MLA)),
+    # deepseek2-16b's shape: 1 dense and 2 MoE layers, no query LoRA.
+    "deepseek2": Family("deepseek2", "deepseek2-16b", 3, dict(first_num_dense_layers=1, **_MOE, **(_MLA | {"q_lora_rank": 0}))),
+    # gpt-oss-20b shrunk to 4 layers: its pattern of 2 (sliding, full) scanned
+    # as blocks `layers.layers_J` over 2 repeats, its MoE `GptOssMlp` prefused
+    # (`wi`) in the target.
+    "gpt-oss": Family("gpt-oss", "gpt-oss-20b", 4, _MOE),
 }
 
 
@@ -138,6 +158,118 @@ def target(family: Family, **dims):
     return state
 
 
+# -- one family's models, as the sync tests use them --------------------------
+
+
+class FamilyModels:
+    """One family's actor (moved as training moves it), its rollout target,
+    the values the target must receive and the actor's whole flat state."""
+
+    #: The sources, as each sync path hands them over (`source`).
+    SOURCES = ("param-only, MaxText pre-unroll", "param-only", "unfiltered", "unfiltered, chunked")
+
+    def __init__(self, family: Family):
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        self.family = family
+        self.actor, _ = actor(family)
+        # Counts that differ from layer to layer (a fresh model's are all 0),
+        # so a count from the wrong layer shows; the keys differ already.
+        counts = nnx.state(self.actor, nnx.RngCount)
+        nnx.update(self.actor, jax.tree.map(lambda c: c + jnp.arange(c.size, dtype=c.dtype).reshape(c.shape) * 7 + 3, counts))
+        # Parameters moved as training moves them (a fresh model's norm scales
+        # are all ones, the target's too), so a weight left stale shows.
+        params = nnx.state(self.actor, nnx.Param)
+        keys = iter(jax.random.split(jax.random.key(7), len(jax.tree.leaves(params))))
+        nnx.update(self.actor, jax.tree.map(lambda p: p + 0.01 * jax.random.normal(next(keys), p.shape, p.dtype), params))
+        self.target = target(family)
+        self.expected = expected_params(self.actor, family, self.target)
+        self.actor_flat = {tuple(p): v for p, v in nnx.to_flat_state(nnx.state(self.actor))}
+
+    def source(self, name: str):
+        """(source state, reshard_chunk_size) as the named path hands them over:
+        MaxText 0.2.4's own sync (train_rl, MaxTextVllmRollout and
+        RLCluster.sync_weights pass the actor's nnx.Param state, which
+        MaxTextVllmSampler unrolls before Tunix); Tunix's own vLLM rollout
+        (no MaxText pre-unroll); the whole state (rng state included) as
+        Tunix's VllmRollout loads it at start-up and RLCluster's offload
+        paths sync it; and that as MaxText's validate_converter passes it."""
+        from flax import nnx
+
+        if name == "param-only, MaxText pre-unroll":
+            return maxtext_pre_unroll(param_state(self.actor)), None
+        if name == "param-only":
+            return param_state(self.actor), None
+        if name == "unfiltered":
+            return nnx.state(self.actor), None
+        if name == "unfiltered, chunked":
+            return {"base": nnx.state(self.actor)["base"]}, 128
+        raise ValueError(name)
+
+    def fresh_target(self):
+        import jax
+
+        return jax.tree.map(lambda x: x.copy(), self.target)
+
+    def sync(self, module, source: str, shims=None, **kwargs):
+        """A fresh target synced from the named source by `module`'s
+        transfer_state_directly (the installed tunix.generate.utils, or the
+        pins' or a series prefix's copy of it), with `shims` entered around it."""
+        import contextlib
+
+        from tunix.rl import reshard
+
+        state, chunk = self.source(source)
+        dst = self.fresh_target()
+        with shims or contextlib.nullcontext():
+            module.transfer_state_directly(state, dst, reshard_fn=reshard.reshard_pytree, reshard_chunk_size=chunk, **kwargs)
+        return dst
+
+    def outcome(self, dst) -> dict[str, list]:
+        """What the target `dst` holds after a sync: per nnx.Param exact /
+        stale / wrong, per per-layer rng leaf its own layer's value or not,
+        shardings kept (each a list of paths)."""
+        import jax
+        import numpy as np
+        from flax import nnx
+
+        before = {tuple(p): v[...] for p, v in nnx.to_flat_state(self.target)}
+        after = {tuple(p): v for p, v in nnx.to_flat_state(dst)}
+        out: dict[str, list] = {"exact": [], "stale": [], "wrong": [], "rng_own": [], "rng_kept": [], "rng_other": [], "sharding": []}
+        for path, var in after.items():
+            got = var[...]
+            if got.sharding != before[path].sharding:
+                out["sharding"].append(path)
+            if isinstance(var, nnx.Param):
+                want = self.expected[path]
+                if got.shape == want.shape and got.dtype == want.dtype and np.array_equal(np.asarray(got), want):
+                    out["exact"].append(path)
+                elif np.array_equal(np.asarray(got), np.asarray(before[path])):
+                    out["stale"].append(path)
+                else:
+                    out["wrong"].append(path)
+            elif isinstance(var, nnx.RngState) and is_layer_path(path):
+                src_path, idx = per_layer_rng_source(path, self.family, self.actor_flat)
+                want, old = self.actor_flat[src_path][...], before[path]
+                want = want if idx is None else want[idx]
+                if jax.dtypes.issubdtype(got.dtype, jax.dtypes.prng_key):
+                    got, want, old = (jax.random.key_data(x) for x in (got, want, old))
+                if np.array_equal(np.asarray(got), np.asarray(want)):
+                    out["rng_own"].append(path)
+                else:
+                    out["rng_kept" if np.array_equal(np.asarray(got), np.asarray(old)) else "rng_other"].append(path)
+        return out
+
+    def layer_params(self) -> list[tuple]:
+        """The target's parameters of its unrolled layers (`layers_K`,
+        `dense_layers_K`, ...), sorted."""
+        from flax import nnx
+
+        return sorted(tuple(p) for p, v in nnx.to_flat_state(self.target) if isinstance(v, nnx.Param) and is_layer_path(p))
+
+
 # -- the sources, as each sync path hands them over ---------------------------
 
 
@@ -157,45 +289,107 @@ def maxtext_pre_unroll(weights):
 
 
 # -- what each target leaf must receive ----------------------------------------
+#
+# MaxText's layout of a scanned model against its unrolled rollout model: a
+# stack `NAME` (`layers`; DeepSeek's `dense_layers`, `moe_layers`) holds layer
+# K of the unrolled `NAME_K` at index K of its scan axis; a stack scanned in
+# blocks of a layer pattern of P slots (`layers.layers_J`: Gemma3, GPT-OSS)
+# holds layer R * P + J at index R, and the layers after the last repeat are
+# `NAME_remainder.layers_J`, unstacked. This is what MaxText's own unrolls do
+# (maxtext_vllm_rollout's unroll_qwen_scanned_weights and
+# unroll_gemma_scanned_weights; generate_param_only_checkpoint's
+# _possibly_unroll_params_nnx for `dense_layers` and `moe_layers`), written
+# once here for every family; the tests check it against MaxText's own
+# pre-unroll where that runs. Parameters are scanned on MaxText's
+# `param_scan_axis` (1), Flax NNX's other state (rng counts and keys) on 0.
 
 
 _LAYER = re.compile(r"^layers_(\d+)$")
+_STACKED = re.compile(r"^(\w*layers)_(\d+)$")
+PARAM_SCAN_AXIS = 1
 
 
-def per_layer_rng_source(target_path: tuple, family: Family) -> tuple[tuple, int | None]:
+def is_layer_path(path) -> bool:
+    """Whether a flat path runs through an unrolled layer (`layers_K`, `dense_layers_K`, ...)."""
+    return any(isinstance(part, str) and _STACKED.match(part) for part in path)
+
+
+def layer_source(target_path: tuple, source_paths, layers: int) -> tuple[tuple, int | None]:
+    """(source path, index on its scan axis, or None: the source is that layer
+    alone) of the unrolled target layer leaf `target_path` (under the runner's
+    `model`), in a scanned source whose paths (under `base`) are
+    `source_paths`, of a model of `layers` decoder layers."""
+    i = next(j for j, part in enumerate(target_path) if isinstance(part, str) and _STACKED.match(part))
+    stacked = _STACKED.match(target_path[i])
+    assert stacked is not None  # (found by it above)
+    name, k = stacked.group(1), int(stacked.group(2))
+    prefix, suffix = ("base",) + tuple(target_path[1:i]), tuple(target_path[i + 1:])
+
+    def slots_under(stack: str) -> set[int]:
+        found = set()
+        for path in source_paths:
+            if tuple(path[:i + 1]) == prefix + (stack,) and len(path) > i + 1:
+                m = _LAYER.match(str(path[i + 1]))
+                if m:
+                    found.add(int(m.group(1)))
+        return found
+
+    slots = slots_under(name)
+    if not slots:
+        return prefix + (name,) + suffix, k
+    repeats = (layers - len(slots_under(f"{name}_remainder"))) // len(slots)
+    if k < repeats * len(slots):
+        return prefix + (name, f"layers_{k % len(slots)}") + suffix, k // len(slots)
+    return prefix + (f"{name}_remainder", f"layers_{k - repeats * len(slots)}") + suffix, None
+
+
+def per_layer_rng_source(target_path: tuple, family: Family, source_paths) -> tuple[tuple, int | None]:
     """(actor state path, layer index or None) of the rng leaf that this target
-    layer leaf stands for: the same Variable of the same layer, found by the
-    layout MaxText's scan gives it (written here: MaxText's unroll drops rng
-    state). Rng state is stacked on axis 0, Flax NNX's axis for non-parameters.
-    Gemma3 is scanned in blocks of its attention pattern, then remainder layers."""
-    i = next(j for j, part in enumerate(target_path) if isinstance(part, str) and _LAYER.match(part))
-    layer = _LAYER.match(target_path[i])
-    assert layer is not None  # (found by it above)
-    k = int(layer.group(1))
-    prefix, suffix = ("base",) + target_path[1:i], target_path[i + 1:]
-    if family.name == "gemma3":
-        from maxtext.models.gemma3 import GEMMA3_ATTENTION_PATTERN
+    layer leaf stands for: the same Variable of the same layer (MaxText's
+    unrolls drop rng state, so only the layout says which)."""
+    return layer_source(target_path, source_paths, family.layers)
 
-        slots = len(GEMMA3_ATTENTION_PATTERN)
-        repeats = family.layers // slots
-        if k < repeats * slots:
-            return prefix + ("layers", f"layers_{k % slots}") + suffix, k // slots
-        return prefix + ("layers_remainder", f"layers_{k - repeats * slots}") + suffix, None
-    return prefix + ("layers",) + suffix, k
+
+def unrolled_params(actor_model, family: Family, target_paths) -> dict:
+    """Target path (under the runner's `model`) -> the actor's value of each
+    unrolled layer parameter and each parameter beside the layers, by
+    MaxText's layout (above)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    source = {tuple(path): var[...] for path, var in nnx.to_flat_state(param_state(actor_model))}
+    out = {}
+    for path in target_paths:
+        if not any(isinstance(part, str) and _STACKED.match(part) for part in path):
+            out[path] = np.asarray(source[("base",) + tuple(path[1:])]) if ("base",) + tuple(path[1:]) in source else None
+            continue
+        src, index = layer_source(path, source, family.layers)
+        if src not in source:
+            out[path] = None
+            continue
+        value = source[src]
+        out[path] = np.asarray(value if index is None else jnp.take(value, index, axis=PARAM_SCAN_AXIS))
+    return out
 
 
 def expected_params(actor_model, family: Family, target_state) -> dict:
-    """Target path (under the runner's `model`) -> the value its nnx.Param must hold:
-    the actor's parameters unrolled by MaxText's own pre-unroll, which train_rl
-    relies on, and MoE gate/up fused for the prefused target by MaxText's own
-    checkpoint-loading fusion (references no one here wrote)."""
+    """Target path (under the runner's `model`) -> the value its nnx.Param must
+    hold: the actor's parameters unrolled by MaxText's layout, and MoE gate/up
+    fused for the prefused target by MaxText's own checkpoint-loading fusion
+    (model_creation_utils._fuse_moe_weights: a reference no one here wrote)."""
     import numpy as np
     from flax import nnx
-    from flax.traverse_util import flatten_dict
+    from flax.traverse_util import flatten_dict, unflatten_dict
     from maxtext.utils import model_creation_utils
 
-    unrolled = maxtext_pre_unroll(param_state(actor_model))
-    unrolled = unrolled.to_pure_dict() if hasattr(unrolled, "to_pure_dict") else unrolled
+    target_params = [tuple(p) for p, v in nnx.to_flat_state(target_state) if isinstance(v, nnx.Param)]
+    # The unrolled layers' split gate/up (wi_0, wi_1) where the target holds them fused (wi).
+    wanted = set(target_params) | {p[:-1] + (half,) for p in target_params if p[-1] == "wi" for half in ("wi_0", "wi_1")}
+    unrolled = {p[1:]: v for p, v in unrolled_params(actor_model, family, list(wanted)).items() if v is not None}
     model = nnx.to_pure_dict(target_state)["model"]
-    fused = model_creation_utils._fuse_moe_weights(unrolled["base"], model)
-    return {("model",) + tuple(k): np.asarray(v) for k, v in flatten_dict(fused).items()}
+    fused = model_creation_utils._fuse_moe_weights(unflatten_dict(unrolled), model)
+    expected = {("model",) + tuple(k): np.asarray(v) for k, v in flatten_dict(fused).items()}
+    missing = [".".join(map(str, p)) for p in target_params if p not in expected]
+    assert not missing, f"{family.name}: target parameters MaxText's layout gives no actor value for: {missing}"
+    return {p: expected[p] for p in target_params}
