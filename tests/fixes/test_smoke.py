@@ -40,11 +40,20 @@ CHECKS = ["engine ran", "greedy tokens", "greedy logprobs", "sampled batch's gre
           "synced greedy tokens", "synced greedy logprobs"]
 # On a chip the gate's checks run at its pinned precision, then jax's default is measured.
 CHECKS += [] if CPU else [f"{DEFAULT_PRECISION} tokens", f"{DEFAULT_PRECISION} logprobs"]
-CONFIGURATIONS = {"llama-device-indexes": CHECKS, **({"maxtext-new-model-design": CHECKS} if maxtext_models.AVAILABLE else {})}
-SKIPPED = {} if maxtext_models.AVAILABLE else {"maxtext-new-model-design": "maxtext not installed"}
+MAXTEXT_CONFIGURATIONS = (breaks.MAXTEXT, breaks.MAXTEXT_MOE)
+#: The quick matrix's smoke leaves MaxText's dense qwen3 to the full matrix (and the chip): the quick matrix runs
+#: that model in the engine against MaxText's own forward in test_series_engine_start.py and train_rl's sync of it in
+#: test_train_rl.py, and the MoE's configuration takes the same sync through both of Tunix's unstacking functions.
+NOT_SELECTED = (breaks.MAXTEXT,) if os.environ.get("MRL_QUICK") == "1" and maxtext_models.AVAILABLE else ()
+CONFIGURATIONS = {"llama-device-indexes": CHECKS,
+                  **({name: CHECKS for name in MAXTEXT_CONFIGURATIONS if name not in NOT_SELECTED} if maxtext_models.AVAILABLE else {})}
+SKIPPED = (dict.fromkeys(NOT_SELECTED, "not selected (--configuration)") if maxtext_models.AVAILABLE
+           else dict.fromkeys(MAXTEXT_CONFIGURATIONS, "maxtext not installed"))
 #: The code each configuration's sync runs: train_rl's rollout's, by configuration.
 SYNC_PATHS = {"llama-device-indexes": "Tunix's VllmSampler.update_params: transfer_state_with_mappings",
-              "maxtext-new-model-design": "MaxText's MaxTextVllmSampler.load_checkpoint: transfer_state_directly"}
+              **dict.fromkeys(MAXTEXT_CONFIGURATIONS, "MaxText's MaxTextVllmSampler.load_checkpoint: transfer_state_directly")}
+#: The KV heads of the MoE configuration's tiny model: on more chips than these, the engine pads them.
+MOE_KV_HEADS = 4
 ROWS = sum(len(c) for c in CONFIGURATIONS.values()) + len(SKIPPED)
 
 
@@ -65,7 +74,8 @@ def smoke(tmp_path_factory):
         pytest.skip("the maxtext-shims run's engines are the plain run's: MRL_MAXTEXT_SHIMS reaches no engine process "
                     "(smoke starts the engine in a child process), so this would start the plain run's engine again")
     out = tmp_path_factory.mktemp("smoke") / "smoke.json"
-    proc = _smoke(*_flags(out))
+    selected = [arg for name in CONFIGURATIONS for arg in ("--configuration", name)] if NOT_SELECTED else []
+    proc = _smoke(*_flags(out), *selected)
     return proc, (load_report(out, "smoke") if out.is_file() else None)
 
 
@@ -78,6 +88,11 @@ def _table_rows(stdout: str) -> list[str]:
 def _unstack_calls(sync_path: str) -> dict[str, int]:
     """How often each of Tunix's unstacking functions ran in MaxText's sync, as its sync_path says."""
     return {name: int(count) for name, count in re.findall(r"(_\w+) (\d+) times", sync_path)}
+
+
+def _unstacked_weights(sync_path: str) -> dict[str, int]:
+    """How many weights (not rng leaves) each of Tunix's unstacking functions took, as its sync_path says."""
+    return {name: int(weights) for name, weights in re.findall(r"(_\w+) \d+ times \((\d+) weights", sync_path)}
 
 
 @cell
@@ -102,12 +117,20 @@ def test_smoke_passes_every_check_on_the_installed_stack(smoke, record_property)
         assert config["sync_path"].startswith(SYNC_PATHS[name]), config["sync_path"]
         assert config["compiles"]["engine start"][0] > 0, config["compiles"]  # the engine's programs, counted
     assert configs["llama-device-indexes"]["mesh"] == {"data": 1, "model": CHIPS}, "Tunix's device_indexes: ('data', 'model'), all on model"
-    if "maxtext-new-model-design" in configs:
-        mesh = configs["maxtext-new-model-design"]["mesh"]
+    for name in MAXTEXT_CONFIGURATIONS:
+        if name not in configs:
+            continue
+        mesh = configs[name]["mesh"]
         assert len(mesh) == 7 and mesh["model"] == CHIPS, f"NEW_MODEL_DESIGN's 7-axis mesh: {mesh}"
         # The scanned layers went through Tunix's own unstacking (the seed's second bug's path).
-        calls = _unstack_calls(configs["maxtext-new-model-design"]["sync_path"])
+        calls = _unstack_calls(configs[name]["sync_path"])
         assert calls.get("_unstack_scanned_param", 0) > 0 and "_bulk_align_and_unstack" in calls, calls
+    if breaks.MAXTEXT_MOE in configs:
+        # Its KV heads padded to the chips where they are fewer: the KV weights took the seed's fix
+        # site, _bulk_align_and_unstack; on as many chips as heads or fewer (one v5e) nothing pads them.
+        weights = _unstacked_weights(configs[breaks.MAXTEXT_MOE]["sync_path"])
+        record_property("weights through _bulk_align_and_unstack", weights.get("_bulk_align_and_unstack"))
+        assert (weights.get("_bulk_align_and_unstack", 0) > 0) == (CHIPS > MOE_KV_HEADS), (CHIPS, configs[breaks.MAXTEXT_MOE]["sync_path"])
     assert doc["skipped"] == SKIPPED and doc["finished"], doc
     rows = _table_rows(proc.stdout)
     assert [re.split(r"\s{2,}", row)[5] for row in rows] == [c for checks in CONFIGURATIONS.values() for c in checks] + ["-"] * len(SKIPPED), \
@@ -199,7 +222,8 @@ def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
     if maxtext_shims.GLOBAL:
         pytest.skip("the maxtext-shims run's engines are the plain run's (see the smoke fixture)")
     out = tmp_path / "smoke.json"
-    proc = _smoke(*_flags(out), "--timeout", "5")
+    # The first configuration alone: MaxText's would make their models first (a minute of CPU) for an engine stopped at 5 s.
+    proc = _smoke(*_flags(out), "--timeout", "5", "--configuration", "llama-device-indexes")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
     [check] = load_report(out, "smoke")["configurations"][0]["checks"]  # the first configuration's engine
     assert check["name"] == "engine ran" and not check["ok"], check
@@ -212,8 +236,9 @@ def test_an_engine_past_its_timeout_fails_naming_the_step_it_was_in(tmp_path):
 @pytest.mark.skipif(os.environ.get("MRL_QUICK") == "1", reason="the full matrix's (an engine start more each): would have run "
                     "smoke on copies of the installed packages with one break each (support/fixes/breaks.py: greedy takes the "
                     "least likely token; top-p, top-k or the temperature ignored; processed logprobs of the unprocessed logits; "
-                    "the Llama's norms, MaxText's norms not synced; MaxText's scanned layers unstacked in reverse) and checked "
-                    "that each exits 1 naming the check that sees it")
+                    "the Llama's norms, MaxText's norms not synced; MaxText's scanned layers unstacked in reverse; the KV-padded "
+                    "MoE's aligned layers in reverse, its KV heads repeated in the wrong order) and checked that each exits 1 "
+                    "naming the check that sees it")
 @pytest.mark.parametrize("break_", list(breaks.NAMED))
 def test_smoke_names_a_broken_stack(tmp_path, break_, record_property):
     """The installed stack, broken (a copy of the installed package first on
@@ -226,6 +251,10 @@ def test_smoke_names_a_broken_stack(tmp_path, break_, record_property):
     if broken.configurations is not None and not set(broken.configurations) & set(CONFIGURATIONS):
         pytest.skip(f"reaches only {', '.join(broken.configurations)}, which smoke does not run here ({SKIPPED}): would have "
                     f"broken {broken.edit(CHIPS).file} and checked that smoke fails {' or '.join(broken.checks)} there")
+    if broken.ran == "_bulk_align_and_unstack" and CHIPS <= MOE_KV_HEADS:
+        pytest.skip(f"on {CHIPS} chip(s) the engine does not pad the MoE's {MOE_KV_HEADS} KV heads, so no weight takes "
+                    f"_bulk_align_and_unstack (its KV weights are unstacked as they are): would have broken it and checked "
+                    f"that smoke fails {' or '.join(broken.checks)}")
     edit = broken.edit(CHIPS)
     spec = importlib.util.find_spec(edit.package)  # found, not imported: jax stays unopened here
     assert spec is not None and spec.submodule_search_locations, edit.package
@@ -251,9 +280,9 @@ def test_smoke_names_a_broken_stack(tmp_path, break_, record_property):
         assert f"{config['name']}: {failed[0]}" in proc.stderr, proc.stderr[-2000:]
         # What the break showed (the margins' table in docs/install.md): kept in the JUnit record, which a chip run brings back.
         record_property(config["name"], "; ".join(f"{c['name']}: {c.get('detail', '')}" for c in config["checks"] if not c["ok"]))
-        if broken.ran:  # the broken function ran: the check failed because the sync took its path
+        if broken.ran:  # the broken function ran on weights: the check failed because the sync took its path
             record_property(f"{config['name']} sync", config["sync_path"])
-            assert _unstack_calls(config["sync_path"]).get(broken.ran, 0) > 0, config["sync_path"]
+            assert _unstacked_weights(config["sync_path"]).get(broken.ran, 0) > 0, config["sync_path"]
 
 
 #: Where the pins' Tunix stops on MaxText's scanned state (the seed's second

@@ -11,6 +11,7 @@ configures it (engine.llm_kwargs), in one of these configurations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,6 +51,9 @@ class EngineConfiguration:
     #: it is built, not from jax's default: why the engine, once started,
     #: cannot be switched to jax's default (no row at it). "": it can.
     precision_at_build: str = ""
+    #: MaxText's tiny model the engine runs, made (with MaxText's own
+    #: references) by maxtext_model.py; None: not MaxText's.
+    maxtext: maxtext_model.TinyModel | None = None
 
 
 def device_indexes_config(chips: int) -> dict[str, Any]:
@@ -66,23 +70,37 @@ LLAMA = EngineConfiguration(
     additional_config=lambda _checkpoint, chips, _precision: device_indexes_config(chips),
     sync=SecondModelSync("Tunix's VllmSampler.update_params: transfer_state_with_mappings from Tunix's Llama3", sync.tunix_llama),
 )
-#: MaxText's model as train_rl's maxtext_on_vllm runs it: MaxTextForCausalLM,
-#: NEW_MODEL_DESIGN=1 (the 7-axis mesh), its weights restored by the
-#: adapter's own load_weights.
-MAXTEXT = EngineConfiguration(
-    name="maxtext-new-model-design",
-    summary="MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
-    environment={"NEW_MODEL_DESIGN": "1"},
-    additional_config=lambda checkpoint, _chips, precision: maxtext_model.engine_additional_config(checkpoint, precision),
-    overrides={"architectures": ["MaxTextForCausalLM"]},
-    reference="MaxText's own forward",
-    sync=SecondModelSync("MaxText's MaxTextVllmSampler.load_checkpoint: transfer_state_directly unstacks the scanned actor's "
-                         "whole state (no pre-unroll, as Tunix's VllmRollout loads it)", sync.maxtext_actor),
-    precision_at_build="MaxText's layers take matmul_precision from its config (smoke sets it to the pinned precision) "
-                       "and pass it to every matmul when the model is built",
-)
+def _maxtext(name: str, summary: str, model: maxtext_model.TinyModel) -> EngineConfiguration:
+    """MaxText's `model` as train_rl's maxtext_on_vllm runs it:
+    MaxTextForCausalLM, NEW_MODEL_DESIGN=1 (the 7-axis mesh), its weights
+    restored by the adapter's own load_weights; the second model synced
+    from a scanned actor by Tunix's transfer_state_directly."""
+    return EngineConfiguration(
+        name=name,
+        summary=summary,
+        environment={"NEW_MODEL_DESIGN": "1"},
+        additional_config=lambda checkpoint, chips, precision: maxtext_model.engine_additional_config(checkpoint, precision, model, chips),
+        overrides={"architectures": ["MaxTextForCausalLM"]},
+        reference="MaxText's own forward",
+        sync=SecondModelSync("MaxText's MaxTextVllmSampler.load_checkpoint: transfer_state_directly unstacks the scanned actor's "
+                             "whole state (no pre-unroll, as Tunix's VllmRollout loads it)",
+                             functools.partial(sync.maxtext_actor, model=model)),
+        precision_at_build="MaxText's layers take matmul_precision from its config (smoke sets it to the pinned precision) "
+                           "and pass it to every matmul when the model is built",
+        maxtext=model,
+    )
+
+
+MAXTEXT = _maxtext("maxtext-new-model-design", "MaxText's model (MaxTextForCausalLM, NEW_MODEL_DESIGN=1), where maxtext is installed",
+                   maxtext_model.QWEN3)
+#: MaxText's MoE with fewer KV heads than the chips' tensor parallelism (as
+#: gemma3-4b's 4 or qwen3-30b-a3b's 4 on a v6e-8): the engine's model has them
+#: padded, so the sync aligns the actor's KV weights (Tunix's
+#: `_bulk_align_and_unstack`) where the chips are more than the heads.
+MAXTEXT_MOE = _maxtext("maxtext-moe-kv-padded", "MaxText's MoE (qwen3-30b-a3b shrunk: 4 KV heads, 4 experts), KV heads padded "
+                       "to the chips where they are fewer, where maxtext is installed", maxtext_model.QWEN3_MOE)
 #: What smoke runs, in this order.
-SMOKE = (LLAMA, MAXTEXT)
+SMOKE = (LLAMA, MAXTEXT, MAXTEXT_MOE)
 
 
 def named(name: str) -> EngineConfiguration:

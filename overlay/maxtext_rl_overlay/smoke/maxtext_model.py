@@ -1,8 +1,10 @@
-"""MaxText's own model for `smoke`'s MaxText configuration: a tiny qwen3
-built by MaxText's code (`from_pretrained`, seeded), written as the NNX
-checkpoint `MaxTextForCausalLM.load_weights` restores, and MaxText's own
-forward decoding it greedily, the engine's reference. Needs maxtext (the
-`[maxtext]` install); imports it, and jax, only when called.
+"""MaxText's own models for `smoke`'s MaxText configurations: a tiny model
+(`TinyModel`: MaxText's qwen3, and its qwen3 MoE with fewer KV heads than a
+v6e-8's tensor parallelism) built by MaxText's code (`from_pretrained`,
+seeded), written as the NNX checkpoint `MaxTextForCausalLM.load_weights`
+restores, and MaxText's own forward decoding it greedily, the engine's
+reference. Needs maxtext (the `[maxtext]` install); imports it, and jax,
+only when called.
 
 Run in a process of its own, on the host CPU as 8 devices, as the engine
 has the 8 chips (cpu_simulation.simulate_v6e_8; on a TPU VM the engines hold
@@ -10,7 +12,7 @@ the chips meanwhile). On one CPU device MaxText's forward of the same
 weights differs from the engine's by up to 7e-3 in a logprob, where on 8 it
 agrees to 1e-5: the reference keeps the engine's device count.
 
-    python -m maxtext_rl_overlay.smoke.maxtext_model FOLDER [TIMEOUT]
+    python -m maxtext_rl_overlay.smoke.maxtext_model FOLDER [TIMEOUT [MODEL]]
 
 writes the checkpoint into FOLDER and MaxText's greedy tokens for
 tiny_llama.REFERENCE_PROMPTS to FOLDER/reference.json; and the second model,
@@ -23,10 +25,12 @@ position (FOLDER/LOGITS_FILE): the reference of the sampled checks.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from . import tiny_llama
@@ -112,7 +116,52 @@ ENGINE_EMBEDDING_SCALE = 0.25
 _ENGINE_PRECISION = {"weight_dtype": "float32", "dtype": "float32"}
 
 
-def engine_additional_config(checkpoint: pathlib.Path, matmul_precision: str | None = None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class TinyModel:
+    """A tiny model MaxText builds for the engine: MaxText's model name, its
+    dimensions (MaxText's words), MaxText's other settings for it, and the
+    config.json vLLM reads (the KV cache's layout, the KV heads the adapter
+    pads to the tensor parallelism; the model itself is MaxText's)."""
+
+    model_name: str
+    dims: Mapping[str, Any]
+    hf_config: Mapping[str, Any]
+    settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def moe(self) -> bool:
+        return int(self.settings.get("num_experts", 1)) > 1
+
+    def engine_settings(self, chips: int) -> dict[str, Any]:
+        """MaxText's settings of the engine's model on `chips` chips: train_rl's
+        MaxTextVllmRollout makes a MoE's gate/up prefused at tensor parallelism
+        above 1 (maxtext_vllm_rollout.prepare_direct_sync_additional_config)."""
+        return {**self.settings, **({"prefuse_moe_weights": True} if self.moe and chips > 1 else {})}
+
+
+#: MaxText's RL test's qwen3-0.6b, tiny (the sizes above).
+QWEN3 = TinyModel(ENGINE_MODEL_NAME, ENGINE_DIMS, ENGINE_HF_CONFIG)
+#: qwen3-30b-a3b (MoE) shrunk, with its 4 KV heads: fewer than a v6e-8's
+#: tensor parallelism of 8, so MaxText's vLLM adapter pads them to 8
+#: (adapter.py, "Padding num_kv_heads"), MaxText's restore repeats the
+#: checkpoint's heads to match, and the sync of a scanned actor aligns each
+#: KV weight through Tunix's `_bulk_align_and_unstack` (the seed's second
+#: fix site carrying weights). 4 experts, 2 a token, dense matmuls (the CPU
+#: has no megablox kernel).
+QWEN3_MOE = TinyModel(
+    "qwen3-30b-a3b",
+    {**ENGINE_DIMS, "base_num_kv_heads": 4, "base_moe_mlp_dim": 1024},
+    {**ENGINE_HF_CONFIG, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_key_value_heads": 4,
+     "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 1024, "norm_topk_prob": True, "decoder_sparse_step": 1,
+     "tie_word_embeddings": False},
+    {"num_experts": 4, "num_experts_per_tok": 2, "megablox": False, "sparse_matmul": False, "capacity_factor": -1},
+)
+#: By MaxText's model name (what the reference process is told).
+MODELS = {m.model_name: m for m in (QWEN3, QWEN3_MOE)}
+
+
+def engine_additional_config(checkpoint: pathlib.Path, matmul_precision: str | None = None, model: TinyModel = QWEN3,
+                             chips: int = 1) -> dict[str, Any]:
     """vLLM's `additional_config` for MaxTextForCausalLM on `checkpoint`, as
     train_rl passes it (`maxtext_config`), with the checkpoint to load
     (`load_parameters_path`: MaxTextForCausalLM.load_weights restores it).
@@ -121,13 +170,15 @@ def engine_additional_config(checkpoint: pathlib.Path, matmul_precision: str | N
     "default", train_rl's). MaxText's layers pass it to every matmul as an
     explicit `precision`, which jax_default_matmul_precision does not
     override (jax reads its default only where a matmul names none), and
-    bake it in when the model is built."""
+    bake it in when the model is built. `model` on `chips` chips: the tiny
+    model, and MaxText's settings of it as train_rl's rollout passes them."""
     return {
         "maxtext_config": {
-            "model_name": ENGINE_MODEL_NAME,
+            "model_name": model.model_name,
             "log_config": "false",
             "override_model_config": True,
-            **ENGINE_DIMS,
+            **model.dims,
+            **model.engine_settings(chips),
             **_ENGINE_PRECISION,
             **({"matmul_precision": matmul_precision} if matmul_precision else {}),
             "load_parameters_path": str(checkpoint / ENGINE_PARAMS),
@@ -142,14 +193,14 @@ SECOND = "second"
 _SECOND_SEED = 4
 
 
-def _model_config(run_name: str, **overrides: Any) -> Any:
-    """MaxText's config of the tiny qwen3, built here (OFFLINE, but where
+def _model_config(model: TinyModel, run_name: str, **overrides: Any) -> Any:
+    """MaxText's config of the tiny `model`, built here (OFFLINE, but where
     `overrides` say otherwise)."""
     from maxtext.configs import pyconfig
 
-    settings = dict(ENGINE_DIMS, **_ENGINE_PRECISION, **OFFLINE)
+    settings = dict(model.dims, **model.settings, **_ENGINE_PRECISION, **OFFLINE)
     settings.update(attention="dot_product", max_target_length=64, max_prefill_predict_length=32, **overrides)
-    return pyconfig.initialize(["", os.path.join(configs_dir(), "base.yml")], model_name=ENGINE_MODEL_NAME,
+    return pyconfig.initialize(["", os.path.join(configs_dir(), "base.yml")], model_name=model.model_name,
                                run_name=run_name, **settings)
 
 
@@ -181,46 +232,46 @@ def _write_model(path: pathlib.Path, config: Any, constants_spread: float = 0.0)
     return model, mesh
 
 
-def _actor_config(path: pathlib.Path | None = None) -> Any:
+def _actor_config(model: TinyModel, path: pathlib.Path | None = None) -> Any:
     """The second model as train_rl's actor has it: scanned layers."""
     # MaxText restores a checkpoint only with checkpointing on.
     load = {"load_parameters_path": str(path / ENGINE_PARAMS), "enable_checkpointing": True} if path else {}
-    return _model_config("smoke-actor", scan_layers=True, init_weights_seed=_SECOND_SEED, **load)
+    return _model_config(model, "smoke-actor", scan_layers=True, init_weights_seed=_SECOND_SEED, **load)
 
 
-def write_actor_checkpoint(path: pathlib.Path) -> tuple[Any, Any, Any]:
+def write_actor_checkpoint(path: pathlib.Path, model: TinyModel = QWEN3) -> tuple[Any, Any, Any]:
     """The second model (train_rl's actor: scanned layers; seeded apart from
     the engine's, its norms drawn too: it differs from the engine's model in
     every parameter), written to path/ENGINE_PARAMS. Returns the model, its
     mesh and config: MaxText's own forward of it is the reference after the sync."""
     from .tiny_llama import CONSTANTS_SPREAD
 
-    config = _actor_config()
-    model, mesh = _write_model(path, config, CONSTANTS_SPREAD)
-    return model, mesh, config
+    config = _actor_config(model)
+    actor, mesh = _write_model(path, config, CONSTANTS_SPREAD)
+    return actor, mesh, config
 
 
-def restore_actor(path: pathlib.Path) -> tuple[Any, int]:
+def restore_actor(path: pathlib.Path, model: TinyModel = QWEN3) -> tuple[Any, int]:
     """The second model restored as train_rl builds its actor
     (`from_pretrained` with `load_parameters_path`, wrapped in the Tunix
     adapter), and the scan axis of its parameters."""
     import jax
     from maxtext.utils import model_creation_utils
 
-    config = _actor_config(path)
+    config = _actor_config(model, path)
     actor, _ = model_creation_utils.from_pretrained(config, devices=jax.devices(), wrap_with_tunix_adapter=True)
     return actor, int(getattr(config, "param_scan_axis", 1))
 
 
-def write_engine_checkpoint(path: pathlib.Path) -> tuple[Any, Any, Any]:
-    """The tiny qwen3 the engine starts on (_write_model, seed 0), unrolled as
+def write_engine_checkpoint(path: pathlib.Path, model: TinyModel = QWEN3) -> tuple[Any, Any, Any]:
+    """The tiny model the engine starts on (_write_model, seed 0), unrolled as
     vLLM's MaxText model has it (`scan_layers=False`), and the config.json vLLM
     reads, written to path. Returns the model, its mesh and config: MaxText's
     own forward of it is the engine's reference (reference_greedy)."""
-    config = _model_config("engine-reference", scan_layers=False, init_weights_seed=0)
-    model, mesh = _write_model(path, config)
-    (path / "config.json").write_text(json.dumps(ENGINE_HF_CONFIG))
-    return model, mesh, config
+    config = _model_config(model, "engine-reference", scan_layers=False, init_weights_seed=0)
+    engine_model, mesh = _write_model(path, config)
+    (path / "config.json").write_text(json.dumps(dict(model.hf_config)))
+    return engine_model, mesh, config
 
 
 class Forward:
@@ -296,9 +347,9 @@ def write_json(path: pathlib.Path, value: Any) -> None:
     os.replace(part, path)
 
 
-def main(folder: pathlib.Path, timeout: float) -> int:
-    """Write both models and their greedy references; then wait (up to
-    `timeout`, and while smoke lives) for the engine's sampled rows, and
+def main(folder: pathlib.Path, timeout: float, model: TinyModel = QWEN3) -> int:
+    """Write both models of `model` and their greedy references; then wait (up
+    to `timeout`, and while smoke lives) for the engine's sampled rows, and
     write MaxText's logits at them for the first model."""
     import time
 
@@ -308,7 +359,7 @@ def main(folder: pathlib.Path, timeout: float) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     forwards = []
     for where, write in ((folder, write_engine_checkpoint), (folder / SECOND, write_actor_checkpoint)):
-        forwards.append(Forward(*write(where)))
+        forwards.append(Forward(*write(where, model)))
         write_json(where / "reference.json", reference_greedy(forwards[-1], tiny_llama.REFERENCE_PROMPTS, tiny_llama.REFERENCE_TOKENS))
     parent, deadline = os.getppid(), time.monotonic() + timeout
     while not (folder / ROWS_FILE).is_file():
@@ -321,4 +372,5 @@ def main(folder: pathlib.Path, timeout: float) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(pathlib.Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 3600.0))
+    sys.exit(main(pathlib.Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 3600.0,
+                  MODELS[sys.argv[3]] if len(sys.argv) > 3 else QWEN3))

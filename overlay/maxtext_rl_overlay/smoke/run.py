@@ -119,20 +119,22 @@ def smoke(opts: SmokeOptions) -> SmokeReport:
         for configuration in configurations.SMOKE:
             if not opts.runs(configuration):
                 report.skipped[configuration.name] = "not selected (--configuration)"
-        maxtext = None
-        if opts.runs(configurations.MAXTEXT):
+        references: list[_MaxTextReference] = []
+        for configuration in configurations.SMOKE:
+            if configuration.maxtext is None or not opts.runs(configuration):
+                continue
             if importlib.util.find_spec("maxtext") is not None:
-                maxtext = _MaxTextReference(opts, work)
+                references.append(_MaxTextReference(opts, work, configuration))
             else:
-                report.skipped[configurations.MAXTEXT.name] = "maxtext not installed"
+                report.skipped[configuration.name] = "maxtext not installed"
         try:
             if opts.runs(configurations.LLAMA):
                 report.configurations.append(_llama_configuration(opts, work))
-            if maxtext is not None:
-                report.configurations.append(_maxtext_configuration(opts, work, maxtext))
+            for reference in references:
+                report.configurations.append(_maxtext_configuration(opts, work, reference))
         finally:
-            if maxtext is not None:
-                maxtext.stop()
+            for reference in references:
+                reference.stop()
     return report
 
 
@@ -165,22 +167,23 @@ def _check_inet_sockets() -> None:
 
 
 class _MaxTextReference:
-    """MaxText's tiny qwen3, the second one (train_rl's actor) and MaxText's
-    own greedy decoding of each (maxtext_model.py), made in a process of its
-    own on the host CPU (it needs no chip), started at once and read when
-    MaxText's configuration comes; the same process then gives MaxText's
-    logits at the engine's sampled draws (`logits`)."""
+    """A MaxText configuration's tiny model, the second one (train_rl's
+    actor) and MaxText's own greedy decoding of each (maxtext_model.py),
+    made in a process of its own on the host CPU (it needs no chip), started
+    at once and read when the configuration comes; the same process then
+    gives MaxText's logits at the engine's sampled draws (`logits`)."""
 
-    NAME = configurations.MAXTEXT.name
-
-    def __init__(self, opts: SmokeOptions, work: pathlib.Path) -> None:
-        self.folder, self.log = work / "tiny-maxtext", work / "maxtext-reference.log"
+    def __init__(self, opts: SmokeOptions, work: pathlib.Path, configuration: EngineConfiguration) -> None:
+        assert configuration.maxtext is not None  # (a MaxText configuration)
+        self.configuration, self.name = configuration, configuration.name
+        self.folder, self.log = work / f"tiny-{self.name}", work / f"{self.name}-reference.log"
         self.began = time.monotonic()
-        step.note("smoke", f"{self.NAME}: making MaxText's tiny qwen3s and MaxText's own greedy references on the host CPU, in the background")
+        model = configuration.maxtext.model_name
+        step.note("smoke", f"{self.name}: making MaxText's tiny {model}s and MaxText's own greedy references on the host CPU, in the background")
         # It waits for the sampled rows for at most every engine's timeout, and not past smoke.
         waits = opts.timeout * (len(configurations.SMOKE) + 1)
-        self.child = proc.start([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder), str(waits)],
-                                what=f"{self.NAME}: making MaxText's references", output=self.log)
+        self.child = proc.start([opts.python, "-m", "maxtext_rl_overlay.smoke.maxtext_model", str(self.folder), str(waits), model],
+                                what=f"{self.name}: making MaxText's references", output=self.log)
 
     def wait(self, timeout: float) -> str | None:
         """None once both references are written, else what went wrong."""
@@ -220,15 +223,15 @@ class _MaxTextReference:
 
 
 def _maxtext_configuration(opts: SmokeOptions, work: pathlib.Path, maxtext: _MaxTextReference) -> Configuration:
-    """MaxText's configuration: its references (made in the background), then the engine."""
-    name, folder = maxtext.NAME, maxtext.folder
+    """A MaxText configuration: its references (made in the background), then the engine."""
+    name, folder = maxtext.name, maxtext.folder
     with step("smoke", f"{name}: waiting for MaxText's references"):
         failed = maxtext.wait(opts.timeout)
     if failed:
         return Configuration(name, checks=[CheckResult("reference made", False, failed)])
     second = folder / maxtext_model.SECOND
     first, synced = ((where, json.loads((where / "reference.json").read_text())) for where in (folder, second))
-    return _configuration(opts, configurations.MAXTEXT, work, first, synced,
+    return _configuration(opts, maxtext.configuration, work, first, synced,
                           lambda rows: maxtext.logits(checks.SAMPLED_PROMPT, rows, opts.timeout))
 
 

@@ -13,7 +13,10 @@ the code train_rl's rollout syncs with.
   `VllmRollout` loads its model at start-up: Tunix's
   `transfer_state_directly` unstacks the scanned layers itself
   (`_unstack_scanned_param`, `_bulk_align_and_unstack`: the seed's second
-  bug's path), and the sync says how often each ran. MaxText 0.2.4's own
+  bug's path), and the sync says how often each ran, on how many weights
+  and how many rng leaves. Where the engine's model has its KV heads padded
+  to the chips (fewer heads than chips: configurations.MAXTEXT_MOE on 8),
+  the KV weights take `_bulk_align_and_unstack`. MaxText 0.2.4's own
   train_rl never reaches that path: `MaxTextVllmRollout` syncs
   `nnx.state(actor, nnx.Param)` and, for maxtext_on_vllm, its sampler unrolls
   every `decoder.layers` leaf before Tunix sees it
@@ -36,7 +39,10 @@ import contextlib
 import functools
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .maxtext_model import TinyModel
 
 
 def tunix_llama(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> str | None:
@@ -49,18 +55,20 @@ def tunix_llama(llm: Any, checkpoint: pathlib.Path, devices: int, additional_con
     return None
 
 
-def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any]) -> str:
-    """Syncs train_rl's actor restored from `checkpoint` into `llm` (MaxText's
-    model) through Tunix's scanned-layer unstacking (see STACKED_PATH), and
-    says how often each of Tunix's unstacking functions ran."""
+def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_config: dict[str, Any],
+                  model: TinyModel | None = None) -> str:
+    """Syncs train_rl's actor (the tiny `model`, default the qwen3) restored
+    from `checkpoint` into `llm` (MaxText's model) through Tunix's
+    scanned-layer unstacking, and says how often each of Tunix's unstacking
+    functions ran, on how many weights and rng leaves."""
     from flax import nnx
     from maxtext.integration.vllm.maxtext_vllm_rollout import MaxTextVllmSampler
     from tunix.generate.mappings import MappingConfig
     from tunix.generate.vllm_sampler import VllmConfig
 
-    from .maxtext_model import restore_actor
+    from .maxtext_model import QWEN3, restore_actor
 
-    actor, scan_axis = restore_actor(checkpoint)
+    actor, scan_axis = restore_actor(checkpoint, model or QWEN3)
     config = VllmConfig(mapping_config=MappingConfig(), additional_config=additional_config, tensor_parallel_size=devices)
     sampler = _around(MaxTextVllmSampler, llm, config)
     # No converter and no pre-unroll: the scanned state goes to Tunix's
@@ -69,7 +77,8 @@ def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_c
     sampler._scan_axis, sampler._layer_pattern_length = scan_axis, None
     with counting_unstacks() as calls:
         sampler.load_checkpoint(nnx.state(actor))
-    return "Tunix's unstacking ran: " + ", ".join(f"{name} {count} times" for name, count in calls.items())
+    return "Tunix's unstacking ran: " + ", ".join(
+        f"{name} {len(leaves)} times ({sum(not rng for rng in leaves)} weights, {sum(leaves)} rng leaves)" for name, leaves in calls.items())
 
 
 #: The two functions of Tunix's transfer_state_directly that unstack a
@@ -77,20 +86,26 @@ def maxtext_actor(llm: Any, checkpoint: pathlib.Path, devices: int, additional_c
 UNSTACKS = ("_unstack_scanned_param", "_bulk_align_and_unstack")
 
 
+#: The argument holding the scanned leaf's path, by unstacking function (Tunix's signatures).
+_KEY_PATH = {"_unstack_scanned_param": 2, "_bulk_align_and_unstack": 3}
+
+
 @contextlib.contextmanager
-def counting_unstacks() -> Iterator[dict[str, int]]:
-    """Counts the calls of Tunix's unstacking functions while it is entered
-    (transfer_state_directly looks them up in its module at each call); the
-    functions themselves run unchanged."""
+def counting_unstacks() -> Iterator[dict[str, list[bool]]]:
+    """Records the calls of Tunix's unstacking functions while it is entered
+    (transfer_state_directly looks them up in its module at each call), each
+    as whether its scanned leaf was rng state (Flax NNX's `rngs`) rather than
+    a weight; the functions themselves run unchanged."""
     from tunix.generate import utils
 
-    calls = dict.fromkeys(UNSTACKS, 0)
+    calls: dict[str, list[bool]] = {name: [] for name in UNSTACKS}
     originals = {name: getattr(utils, name) for name in UNSTACKS}
 
     def counted(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
+            key_path = kwargs.get("key_path", args[_KEY_PATH[name]] if len(args) > _KEY_PATH[name] else "")
+            calls[name].append("rngs" in str(key_path).split("."))
             return function(*args, **kwargs)
 
         return wrapper

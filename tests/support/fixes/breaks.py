@@ -21,8 +21,9 @@ REPLICATED = "tpu_inference/layers/jax/sample/sampling.py"
 #: Tunix's sync with mappings (the Llama configuration's), and its direct
 #: sync (MaxText's configuration's: transfer_state_directly), in one file.
 TUNIX_SYNC = "tunix/generate/utils.py"
-#: smoke's MaxText configuration.
+#: smoke's MaxText configurations: the qwen3, and the MoE whose KV heads the engine pads to the chips.
 MAXTEXT = "maxtext-new-model-design"
+MAXTEXT_MOE = "maxtext-moe-kv-padded"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,5 +103,19 @@ BREAKS = [
           *_same(Edit(TUNIX_SYNC, "      # Unstack along the 0th axis\n",
                       "      src_val = src_val[::-1]\n      # Unstack along the 0th axis\n")),
           configurations=(MAXTEXT,), ran="_unstack_scanned_param"),
+    # The seed's fix site carrying weights: where the engine's model has its
+    # KV heads padded to the chips, each scanned KV weight is aligned (its
+    # heads repeated) and unstacked in one go by _bulk_align_and_unstack.
+    # Its layers come out in reverse order ...
+    Break("MaxText's aligned layers unstacked in reverse order", ("synced greedy tokens", "synced greedy logprobs"),
+          *_same(Edit(TUNIX_SYNC, "  return tuple(jnp.unstack(aligned, axis=scan_axis))\n",
+                      "  return tuple(jnp.unstack(aligned, axis=scan_axis))[::-1]\n")),
+          configurations=(MAXTEXT_MOE,), ran="_bulk_align_and_unstack"),
+    # ... or its KV heads are repeated as whole tiles (heads 0 1 2 3 0 1 2 3,
+    # not 0 0 1 1 2 2 3 3): the padded model's query heads read other heads' keys and values.
+    Break("MaxText's KV heads repeated in the wrong order", ("synced greedy tokens", "synced greedy logprobs"),
+          *_same(Edit(TUNIX_SYNC, "    out = jnp.repeat(out, count, axis=axis)\n",
+                      "    out = jnp.concatenate([out] * count, axis=axis)\n")),
+          configurations=(MAXTEXT_MOE,), ran="_bulk_align_and_unstack"),
 ]
 NAMED = {b.name: b for b in BREAKS}
