@@ -12,14 +12,14 @@ from maxtext_rl_overlay.core import manifest
 from maxtext_rl_overlay.core.errors import OverlayError
 
 
-def _record(built_against: manifest.BuiltAgainst | None) -> manifest.Manifest:
+def _record(built_against: manifest.BuiltAgainst | None, left_out: tuple[str, ...] = ()) -> manifest.Manifest:
     dist = manifest.Distribution(
         version="0.1.8+mrl.2", import_package="tunix", from_pin=True,
         pin=manifest.PinRecord("https://example.invalid/tunix", "c" * 40, "t" * 40, "2026-08-05T00:09:38-07:00"),
         source=manifest.SourceRecord("t" * 40, "c" * 40, None),
         wheel=manifest.WheelFile("google_tunix-0.1.8+mrl.2-py3-none-any.whl", "a" * 64),
         series=(manifest.PatchRecord("0001-x.patch", "Fix x", "Pending", True, ("tunix/x.py",), "b" * 64, None),),
-        files={"tunix/x.py": "d" * 64}, built_against=built_against,
+        files={"tunix/x.py": "d" * 64}, built_against=built_against, left_out=left_out,
     )
     env = manifest.EnvironmentRecord("maxtext[tpu-post-train]==0.2.4", "maxtext",
                                      manifest.TorchRecord("2.11.0", "2.11.0+cpu", True, "0.26.0"),
@@ -27,10 +27,11 @@ def _record(built_against: manifest.BuiltAgainst | None) -> manifest.Manifest:
     return manifest.Manifest("0.1.0", 2, {"google-tunix": dist}, ("vllm",), env)
 
 
+@pytest.mark.parametrize("left_out", [(), ("backport-0a1b2c3d4-y.patch",)], ids=["all-applied", "left-out"])
 @pytest.mark.parametrize("built_against", [None, manifest.BuiltAgainst("2.11.0", "13.0")])
 @pytest.mark.parametrize("project", [None, manifest.ProjectRecord("f" * 40, ("README.md",))], ids=["no-git", "commit"])
-def test_json_round_trip_is_exact(built_against, project):
-    record = dataclasses.replace(_record(built_against), project=project)
+def test_json_round_trip_is_exact(built_against, project, left_out):
+    record = dataclasses.replace(_record(built_against, left_out), project=project)
     text = record.dumps()
     assert manifest.Manifest.loads(text) == record
     assert manifest.Manifest.loads(text).dumps() == text
@@ -38,6 +39,24 @@ def test_json_round_trip_is_exact(built_against, project):
     assert doc["format"] == manifest.FORMAT and list(doc) == sorted(doc)
     # A pure-Python build has no built_against key at all (the format before the record types).
     assert ("built_against" in doc["distributions"]["google-tunix"]) == (built_against is not None)
+
+
+def test_a_manifest_from_before_left_out_reads_as_every_patch_applied():
+    doc = json.loads(_record(None).dumps())
+    del doc["distributions"]["google-tunix"]["left_out"]
+    assert manifest.Manifest.loads(json.dumps(doc)).distributions["google-tunix"].left_out == ()
+
+
+def test_verify_names_what_was_left_out_of_a_stand_in():
+    """A stand-in built without a patch whose code it lacks: verify's source
+    line names the patch beside the unpinned tree."""
+    from maxtext_rl_overlay.checks import verify
+
+    dist = dataclasses.replace(_record(None, ("backport-0a1b2c3d4-y.patch",)).distributions["google-tunix"], from_pin=False)
+    finding = verify.source_finding("google-tunix", dist, require_pinned=False)
+    assert finding.found == "t" * 12 + " (left out of it: backport-0a1b2c3d4-y.patch)" and finding.ok, finding
+    assert not verify.source_finding("google-tunix", dist, require_pinned=True).ok
+    assert verify.source_finding("google-tunix", dataclasses.replace(dist, from_pin=True, left_out=()), require_pinned=True).ok
 
 
 def test_a_damaged_or_foreign_manifest_is_refused_in_words():

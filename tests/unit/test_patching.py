@@ -57,13 +57,13 @@ class SeriesRepo:
         self.out = tmp / "patches"
         self.out.mkdir(exist_ok=True)
 
-    def add(self, change, name: str, *, onto_base: bool = False) -> pathlib.Path:
+    def add(self, change, name: str, *, onto_base: bool = False, trailers: str = "") -> pathlib.Path:
         if onto_base:  # a patch made against the base, not on the previous ones
             _git(self.repo, "checkout", "-q", "-B", name, "HEAD~0")
             _git(self.repo, "reset", "-q", "--hard", _git(self.repo, "rev-list", "--max-parents=0", "HEAD").strip())
         change(self.repo)
         _git(self.repo, "add", "-A")
-        _git(self.repo, "commit", "-q", "-m", f"{name}\n\nUpstream-Status: Pending")
+        _git(self.repo, "commit", "-q", "-m", f"{name}\n\n{trailers}Upstream-Status: Pending")
         produced = _git(self.repo, "format-patch", "--full-index", "--no-signature", "--zero-commit", "-1", "-o", str(self.out), "HEAD").strip()
         final = self.out / name
         pathlib.Path(produced).rename(final)
@@ -114,6 +114,39 @@ def test_offset_hunks_apply_on_an_unpinned_tree_but_fuzz_never(upstream, series,
     with pytest.raises(OverlayError, match="0001-thirty.patch does not apply"):
         apply_series(pin, upstream.source(from_pin=False), tmp_path / "fuzzy", engine=engine)
     assert not (tmp_path / "fuzzy").exists()
+
+
+LEFT_OUT = "Unpinned-Source: left out [the stand-in release predates line thirty's code]\n"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_patch_of_code_a_stand_in_lacks_is_left_out_of_it_alone(upstream, series, tmp_path, engine, capsys):
+    """`Unpinned-Source: left out [why]`: applied to the pinned tree as any
+    patch; left out of an unpinned one, which the build says, naming it and why."""
+    series.add(edit_line(10, "line ten\n"), "0001-ten.patch")
+    series.add(edit_line(30, "line thirty\n"), "backport-0a1b2c3d4-thirty.patch", trailers=LEFT_OUT)
+    series.add(edit_line(20, "line twenty\n"), "0002-twenty.patch")
+    names = ["0001-ten.patch", "backport-0a1b2c3d4-thirty.patch", "0002-twenty.patch"]
+    pin = upstream.pin(names)
+    assert [a.name for a in apply_series(pin, upstream.source(from_pin=True), tmp_path / "pinned", engine=engine)] == names
+    assert "line thirty\n" in (tmp_path / "pinned" / "pkg" / "mod.py").read_text()
+    capsys.readouterr()
+    applied = apply_series(pin, upstream.source(from_pin=False), tmp_path / "stand-in", engine=engine)
+    assert [a.name for a in applied] == ["0001-ten.patch", "0002-twenty.patch"]
+    text = (tmp_path / "stand-in" / "pkg" / "mod.py").read_text()
+    assert "line ten\n" in text and "line twenty\n" in text and "line 30\n" in text
+    said = capsys.readouterr().err
+    assert "backport-0a1b2c3d4-thirty.patch LEFT OUT of this unpinned source: the stand-in release predates line thirty's code" in said
+
+
+def test_the_left_out_trailer_is_linted(series):
+    from maxtext_rl_overlay.stages import patchfile
+
+    good = patchfile.parse(series.add(edit_line(10, "line ten\n"), "0001-ten.patch", trailers=LEFT_OUT))
+    assert patchfile.lint(good) == [] and patchfile.left_out_of_unpinned(good) == "the stand-in release predates line thirty's code"
+    bad = patchfile.parse(series.add(edit_line(20, "line twenty\n"), "0002-twenty.patch", trailers="Unpinned-Source: skip it\n"))
+    assert patchfile.left_out_of_unpinned(bad) is None
+    assert any("trailer 'Unpinned-Source:' must be 'left out [" in problem for problem in patchfile.lint(bad)), patchfile.lint(bad)
 
 
 @pytest.mark.parametrize("engine", ENGINES)

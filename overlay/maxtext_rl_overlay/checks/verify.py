@@ -180,6 +180,16 @@ def _version_finding(name: str, want: str, dist: md.Distribution, doc: Manifest)
                    remedy=f"do not run MaxText's install_tpu_post_train_extra_deps; {restore}")
 
 
+def source_finding(name: str, want: manifest.Distribution, require_pinned: bool) -> Finding:
+    """Whether `name` was built from its pin, or from an unpinned stand-in
+    tree (and which patches were left out of it: code the stand-in lacks)."""
+    pin = f"pin {want.pin.commit[:12]}"
+    if want.from_pin:
+        return Finding(name, Check.SOURCE, pin, pin, True)
+    tree = want.source.tree[:12] + (f" (left out of it: {', '.join(want.left_out)})" if want.left_out else "")
+    return Finding(name, Check.SOURCE, pin, tree, not require_pinned, problem=Problem.STAND_IN, remedy=REMEDY[Problem.STAND_IN])
+
+
 def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: str = sys.executable,
           environment: bool = True) -> list[Finding]:
     """The overlay's distributions, their patched files and where a plain
@@ -195,12 +205,7 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
         if canonicalize_name(dist.metadata["Name"]) != canonicalize_name(name):
             findings.append(Finding(name, Check.NAME, name, dist.metadata["Name"], False, remedy=_restore(doc)))
         findings.append(_version_finding(name, want.version, dist, doc))
-        pin = f"pin {want.pin.commit[:12]}"
-        if want.from_pin:
-            findings.append(Finding(name, Check.SOURCE, pin, pin, True))
-        else:
-            findings.append(Finding(name, Check.SOURCE, pin, want.source.tree[:12], not require_pinned, problem=Problem.STAND_IN,
-                                    remedy=REMEDY[Problem.STAND_IN]))
+        findings.append(source_finding(name, want, require_pinned))
         for relpath, sha in sorted(want.files.items()):
             path = dist.locate_file(relpath)
             try:

@@ -84,6 +84,9 @@ class Distribution:
     # Files the series touches that the wheel installs, relpath -> sha256.
     files: dict[str, str]
     built_against: BuiltAgainst | None = None
+    # Patches of the series not applied: an unpinned stand-in lacks the code
+    # they change (their `Unpinned-Source: left out [why]` trailer).
+    left_out: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +195,7 @@ def _distribution(d: dict[str, Any]) -> Distribution:
         series=tuple(PatchRecord.from_plain(p) for p in d["series"]),
         files=dict(d["files"]),
         built_against=BuiltAgainst(**d["built_against"]) if d.get("built_against") else None,
+        left_out=tuple(d.get("left_out", ())),
     )
 
 

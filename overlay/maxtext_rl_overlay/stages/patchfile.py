@@ -21,6 +21,11 @@ _DIFF = re.compile(r"^diff --git a/(.+?) b/(.+)$")
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: (\d{6}))?$")
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
 ZERO = "0" * 40
+#: A patch of code that an unpinned stand-in release predates says so, and
+#: why: "Unpinned-Source: left out [<why>]". The build leaves it out of an
+#: unpinned source (never the pin's), and says so wherever the stand-in is named.
+UNPINNED_SOURCE = "Unpinned-Source"
+_LEFT_OUT = re.compile(r"^left out \[(.+)\]$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +144,19 @@ def lint(patch: PatchFile) -> list[str]:
             f"{patch.path}: a backport must name the upstream commit it carries: "
             f"'Upstream-Status: Backport [<commit URL or id>]' (got {status})."
         )
+    unpinned = patch.trailers.get(UNPINNED_SOURCE)
+    if unpinned is not None and not _LEFT_OUT.match(unpinned):
+        problems.append(f"{patch.path}: trailer '{UNPINNED_SOURCE}:' must be 'left out [<why an unpinned stand-in lacks the code it "
+                        f"changes>]' (got {unpinned}).")
     if not patch.files:
         problems.append(f"{patch.path}: changes no file.")
     return problems
+
+
+def left_out_of_unpinned(patch: PatchFile) -> str | None:
+    """Why the build leaves `patch` out of an unpinned source, or None: it applies to every source."""
+    m = _LEFT_OUT.match(patch.trailers.get(UNPINNED_SOURCE, ""))
+    return m.group(1) if m else None
 
 
 def lint_file(path: pathlib.Path) -> list[str]:

@@ -6,6 +6,9 @@ target only once every patch has applied, so a failure leaves nothing
 half-patched. On the pinned tree every touched file must match the patch's
 pre-image blob before, and its post-image blob after; on an unpinned stand-in
 tree only the exact hunks (no fuzz) can be checked, and the result says so.
+A patch whose `Unpinned-Source: left out [why]` trailer says a stand-in
+release predates the code it changes is not applied to an unpinned tree: the
+build says so, and the manifest lists it as left out (verify shows it).
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ def _apply(pin: Pin, source: Source, dest: pathlib.Path, patches: list[PatchFile
             _git_init(work, pin.distribution)
         applied = []
         for patch in patches:
+            why = patchfile.left_out_of_unpinned(patch)
+            if why is not None and not source.from_pin:
+                step.note(pin.distribution, f"{patch.name} LEFT OUT of this unpinned source: {why}")
+                continue
             with step(pin.distribution, f"applying {patch.name} ({engine})"):
                 _refuse_already_applied(pin, patch, work, engine)
                 if check_blobs:

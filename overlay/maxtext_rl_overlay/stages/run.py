@@ -160,9 +160,11 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             # Against the registry as of the project's cutoff: the same commit, the same closure, on any day.
             closure = closures.resolve(staging, requirement, opts.python, env, cutoff=project.resolution_cutoff, cache=cache)
             standins = [n for n, e in entries.items() if not e.from_pin]
+            left_out = [f"{n}'s {', '.join(e.left_out)}" for n, e in entries.items() if e.left_out]
             notes = [
                 "Built from the pins in patches/*/pin.toml." if not standins
-                else "NOT built from the pins: stand-in sources for " + ", ".join(standins) + " (see verify).",
+                else "NOT built from the pins: stand-in sources for " + ", ".join(standins) + " (see verify)"
+                + (f"; left out of them, code they lack: {'; '.join(left_out)}." if left_out else "."),
                 env.torch.describe() + ".",
             ]
             if env.overrides:
@@ -304,6 +306,7 @@ def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: 
         series=tuple(applied),
         files=files,
         built_against=built_against,
+        left_out=tuple(p.name for p in pin.series if p.name not in {a.name for a in applied}),
     )
 
 

@@ -24,6 +24,7 @@ import traceback
 from typing import Any
 
 from maxtext_rl_overlay.config.pins import read_series
+from maxtext_rl_overlay.core.errors import OverlayError
 from maxtext_rl_overlay.core.git import git
 from maxtext_rl_overlay.stages import patchfile
 from support import ROOT
@@ -32,8 +33,18 @@ PATCHES = ROOT / "patches"
 
 
 def series(distribution: str) -> list[pathlib.Path]:
-    """The patch files of a distribution's series, in order (read as the build reads them)."""
-    return list(read_series(PATCHES / distribution))
+    """The patch files of a distribution's series that the installed wheel
+    carries, in order (read as the build reads them): all of them but those
+    the build left out of an unpinned stand-in (the installed manifest's
+    `left_out`: the stand-in lacks the code they change)."""
+    from maxtext_rl_overlay.core import manifest
+
+    try:
+        built = manifest.load_installed().distributions.get(distribution)
+    except OverlayError:  # no built overlay installed (a source checkout): the whole series
+        built = None
+    left_out = set(built.left_out) if built else set()
+    return [p for p in read_series(PATCHES / distribution) if p.name not in left_out]
 
 
 def _touched(patch: pathlib.Path) -> set[str]:
