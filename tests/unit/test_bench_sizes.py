@@ -51,8 +51,10 @@ def test_the_count_is_the_one_measured_on_the_chip():
 
 
 def test_a_named_config_is_maxtexts_own():
-    """A size named for a shipped config (the user shape's qwen3-0.6b) keeps
-    that config's dims: only the layer count is given, its own."""
+    """A size named for a shipped config (the user shape's qwen3-0.6b) gives
+    that config's own dims (configs/models/qwen3-0.6b.yml's), over the test
+    models' tiny defaults."""
     dims = bench_maxtext_sync.SIZES["qwen3-0.6b"]
-    assert dims == {"family": "qwen3", "model_name": "qwen3-0.6b", "layers": 28}
+    assert dims == {"family": "qwen3", "model_name": "qwen3-0.6b", "base_emb_dim": 1024, "base_num_query_heads": 16,
+                    "base_num_kv_heads": 8, "head_dim": 128, "base_mlp_dim": 3072, "vocab_size": 151936, "layers": 28}
     assert "qwen3-0.6b" not in bench_maxtext_sync.DEFAULT_SIZES["cpu"]
