@@ -208,9 +208,9 @@ def measure(name: str, runs: int) -> dict[str, Any]:
     program_sync()
     row["program_sync_equal"] = all(bool(jnp.array_equal(a, b)) for a, b in zip(expected, target_params(), strict=True))
     del expected
-    timed = (("maxtext_sync_s", maxtext_sync), ("stacked_sync_s", stacked_sync), ("copy_s", copy), ("copy_program_s", copy_program),
-             ("program_sync_s", program_sync), ("walk_s", walk))
-    timed += (("dispatch_s", dispatch),)
+    timed: list[tuple[str, Any]] = [("maxtext_sync_s", maxtext_sync), ("stacked_sync_s", stacked_sync), ("copy_s", copy),
+                                     ("copy_program_s", copy_program), ("program_sync_s", program_sync), ("walk_s", walk),
+                                     ("dispatch_s", dispatch)]
     for label, run in timed:
         run()  # warm-up: the programs compiled
         block()
