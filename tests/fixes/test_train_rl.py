@@ -447,7 +447,7 @@ def explanation(result) -> str:
         for n in names:
             c = (compiles[i] if i < len(compiles) else {}).get(n)
             d = (traced.get(str(i + 1)) or {}).get(n)
-            busy = sum(d["device_s"].values()) if d and d.get("device_s") else None
+            busy = max(d["device_s"].values()) if d and d.get("device_s") else None  # the busiest device
             cells.append(f"{step.get(n, 0):7.2f}" + (f" [{c['count']}, {c['seconds']:.1f}]" if c else " [0]")
                          + (f" {{{busy:.3f}}}" if busy is not None else ""))
         lines.append(f"{i + 1:>4}  " + "  ".join(f"{c:>28}" for c in cells))
@@ -474,6 +474,14 @@ def explanation(result) -> str:
         lines.append(f"actor update: {flops['flops'] / 1e12:.3f} model TFLOP a step, {update:.3f} s (steady mean): "
                      f"{achieved / 1e12:.2f} TFLOP/s against a bf16 matmul's {mm['flop_per_s'] / 1e12:.2f} measured in the run: "
                      f"{achieved / mm['flop_per_s']:.3f}")
+    walls = result.get("grpo_step_seconds") or []
+    ratios = []
+    for key, step in sorted(traced.items(), key=lambda kv: int(kv[0])):
+        busy = sum(max(p.get("device_s", {}).values(), default=0.0) for p in step.values())
+        if int(key) <= len(walls) and busy > 0:
+            ratios.append(f"step {key}: {walls[int(key) - 1]:.2f} s / {busy:.3f} s busy = {walls[int(key) - 1] / busy:.2f}")
+    if ratios:
+        lines.append("a traced step's wall seconds against its phases' busy seconds: " + "; ".join(ratios))
     device = result.get("device_time") or {}
     if device.get("source"):
         lines.append(f"device time: {device['source']}; busy in the trace {device.get('device_busy_s_in_trace')}")
