@@ -371,3 +371,118 @@ def test_train_rl_on_the_pins_stops_where_recorded(upstream_run):
     # the overlay does.
     assert result["rollout"]["mesh"]["axis_types"] == ["AxisType.Auto"] * 7, describe(result)
     check_trained(result)
+
+
+# -- a user's shape (issue 61) ------------------------------------------------
+
+#: MaxText's shipped configs at a user's lengths, several GRPO steps, each
+#: step explained (support/programs/train_rl_run.py --shape user). On a chip:
+#: the TPU cell's train-rl-user step (real dims); on the CPU: the full
+#: matrix only, with tiny dims (minutes a configuration: not the quick one's).
+user_shape = pytest.mark.user_shape
+
+
+@pytest.fixture(scope="module", params=CONFIGS)
+def user_shape_run(request, tmp_path_factory):
+    what = (f"train_rl at a user's shape in {request.param} (train_rl_inputs.USER_MODELS, USER_LENGTHS) for "
+            "train_rl_inputs.USER_STEPS GRPO steps, the loss finite, the engine's logprobs moved, and each step explained: "
+            "its phases' seconds and compiles, the devices' memory and busy time, the rollout against its engine alone, "
+            "the update's FLOP/s against a bf16 matmul's")
+    if tunix_is_the_standin():
+        pytest.skip(STANDIN_SKIP.format(what=what))
+    if PLATFORM == "cpu" and QUICK:
+        pytest.skip(f"the quick matrix leaves it out (minutes a configuration on the CPU); the full matrix would have run {what}, "
+                    "with tiny dims")
+    return run_trainer(tmp_path_factory.mktemp(f"user-{request.param}"), request.param, "--shape", "user")
+
+
+@cell
+@user_shape
+def test_train_rl_at_a_users_shape(user_shape_run, record_property):
+    """The GRPO steps run at the user's shape, every one accounted for: its
+    phases' seconds and the programs each compiled, the memory after it; the
+    loss finite at every step and the engine's logprobs moved. Times and
+    ratios are printed and recorded, never asserted."""
+    from support.fixes import train_rl_inputs
+
+    result = user_shape_run
+    table = explanation(result)
+    print(table)
+    record_property("explanation", table)
+    record_property("result", json.dumps({k: result.get(k) for k in (
+        "argv", "grpo_step_seconds", "phase_seconds", "compiles", "memory", "held", "device_time", "rollout_tokens",
+        "engine_alone", "matmul_rate", "model_flops")}, default=str)[:60000])
+    checks = result["checks"]
+    assert result.get("finished"), describe(result)
+    assert result["global_steps"] == train_rl_inputs.USER_STEPS >= 5, describe(result)
+    losses = checks.get("actor_loss")
+    assert losses and len(losses) >= result["global_steps"] - 1 and all(math.isfinite(v) for v in losses), (losses, describe(result))
+    assert checks["reference_unchanged"] and checks["actor_changed"] and checks["actor_differs_from_reference"], describe(result)
+    assert probe_moved(result) > 1e-3, (checks["probe_before"], checks["probe_after"])
+    phases = result["phase_seconds"]
+    assert len(phases) == result["global_steps"], describe(result)
+    compiles = result["compiles"]["steps"]
+    assert len(compiles) >= result["global_steps"] and compiles[0].get("actor_update", {}).get("count", 0) >= 1, compiles
+    assert len([m for m in result["memory"] if m["at"].startswith("after GRPO step")]) == result["global_steps"], result["memory"]
+    assert result["rollout_tokens"] and all(t > 0 for t in result["rollout_tokens"]), result["rollout_tokens"]
+    assert result["engine_alone"]["tokens_per_s"] > 0 and result["matmul_rate"]["flop_per_s"] > 0, describe(result)
+    assert "error" not in (result.get("device_time") or {}), result.get("device_time")
+
+
+def explanation(result) -> str:
+    """The run's account, as a table a person reads: per step and phase the
+    wall seconds, the programs compiled (count, seconds), and, for the traced
+    steps, the devices' busy seconds; the memory; the ratios measured in the
+    run."""
+    from support.fixes.step_accounting import gib
+
+    lines = [f"{result['config']} at a user's shape ({result.get('dims')} dims)"]
+    phases = result.get("phase_seconds") or []
+    compiles = (result.get("compiles") or {}).get("steps") or []
+    traced = ((result.get("device_time") or {}).get("steps")) or {}
+    names = ("rollout", "logprobs", "actor_update", "weight_sync", "other")
+    lines.append("step  " + "  ".join(f"{n:>28}" for n in names) + "   (wall s [compiles: n, s] {device busy s})")
+    for i, step in enumerate(phases):
+        cells = []
+        for n in names:
+            c = (compiles[i] if i < len(compiles) else {}).get(n)
+            d = (traced.get(str(i + 1)) or {}).get(n)
+            busy = max(d["device_s"].values()) if d and d.get("device_s") else None  # the busiest device
+            cells.append(f"{step.get(n, 0):7.2f}" + (f" [{c['count']}, {c['seconds']:.1f}]" if c else " [0]")
+                         + (f" {{{busy:.3f}}}" if busy is not None else ""))
+        lines.append(f"{i + 1:>4}  " + "  ".join(f"{c:>28}" for c in cells))
+    for m in result.get("memory") or []:
+        devices = m.get("devices") or [{}]
+        lines.append(f"memory {m['at']}: in use {gib(sum(d.get('bytes_in_use') or 0 for d in devices))}"
+                     + (f", peak {gib(max(d.get('peak_bytes_in_use') or 0 for d in devices))}, limit "
+                        f"{gib(devices[0].get('bytes_limit'))}" if devices[0].get("peak_bytes_in_use") is not None else
+                        f" ({m['source']})"))
+    held = result.get("held") or {}
+    if held:
+        lines.append("held: " + ", ".join(f"{k} {gib(v)}" for k, v in held.items() if isinstance(v, int) and k != "parameters")
+                     + f"; optimizer state by dtype {held.get('optimizer_state_by_dtype')}; {held.get('parameters', 0) / 1e6:.1f} M parameters")
+    tokens, alone = result.get("rollout_tokens") or [], result.get("engine_alone") or {}
+    steady = [i for i in range(2, len(phases))] or list(range(len(phases)))
+    if tokens and alone and steady:
+        rate = sum(tokens[i] for i in steady if i < len(tokens)) / max(1e-9, sum(phases[i]["rollout"] for i in steady))
+        lines.append(f"rollout: {rate:.1f} tokens/s inside train_rl (steps {steady[0] + 1}-{steady[-1] + 1}) against "
+                     f"{alone['tokens_per_s']:.1f} for its engine alone at the same shape: {rate / alone['tokens_per_s']:.3f}")
+    flops, mm = result.get("model_flops") or {}, result.get("matmul_rate") or {}
+    if flops and mm and steady:
+        update = sum(phases[i]["actor_update"] for i in steady) / len(steady)
+        achieved = flops["flops"] / update
+        lines.append(f"actor update: {flops['flops'] / 1e12:.3f} model TFLOP a step, {update:.3f} s (steady mean): "
+                     f"{achieved / 1e12:.2f} TFLOP/s against a bf16 matmul's {mm['flop_per_s'] / 1e12:.2f} measured in the run: "
+                     f"{achieved / mm['flop_per_s']:.3f}")
+    walls = result.get("grpo_step_seconds") or []
+    ratios = []
+    for key, step in sorted(traced.items(), key=lambda kv: int(kv[0])):
+        busy = sum(max(p.get("device_s", {}).values(), default=0.0) for p in step.values())
+        if int(key) <= len(walls) and busy > 0:
+            ratios.append(f"step {key}: {walls[int(key) - 1]:.2f} s / {busy:.3f} s busy = {walls[int(key) - 1] / busy:.2f}")
+    if ratios:
+        lines.append("a traced step's wall seconds against its phases' busy seconds: " + "; ".join(ratios))
+    device = result.get("device_time") or {}
+    if device.get("source"):
+        lines.append(f"device time: {device['source']}; busy in the trace {device.get('device_busy_s_in_trace')}")
+    return "\n".join(lines)

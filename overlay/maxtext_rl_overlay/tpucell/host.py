@@ -39,9 +39,11 @@ try:  # in the package (the tests, the bundle's maker)
 except ImportError:  # on the host, as the bundle's cell.py: the bundle carries the probe beside it
     import host_facts  # type: ignore[import-not-found, no-redef]
 
-STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "train-rl", "upstream", "bench", "bench-decode", "bench-sync")
+STEPS = ("install", "verify", "smoke", "fixes", "fixes-engines", "train-rl", "train-rl-user", "upstream", "bench", "bench-decode",
+         "bench-sync")
 #: Each step's own bound, seconds (--timeout overrides them all).
-TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "fixes-engines": 570, "train-rl": 570, "upstream": 540,
+TIMEOUTS = {"install": 480, "verify": 480, "smoke": 540, "fixes": 540, "fixes-engines": 570, "train-rl": 570, "train-rl-user": 570,
+            "upstream": 540,
             "bench": 540, "bench-decode": 540, "bench-sync": 480}
 #: The most the install spends compiling the site's bytecode.
 COMPILE_SECONDS = 300
@@ -318,7 +320,7 @@ class Cell:
         tests = {"PYTHONPATH": self.env()["PYTHONPATH"] + os.pathsep + str(self.bundle / "tests")}
         # tests/fixes' TPU cell mode: the tests marked tpu_cell, on this host's chips, however many
         # (tests/support/fixes/matrix.py), the kernels compiled for them (no interpret mode).
-        if name in ("fixes", "fixes-engines", "train-rl"):
+        if name in ("fixes", "fixes-engines", "train-rl", "train-rl-user"):
             cell = tests | {"MRL_PLATFORM": "tpu", "MRL_TPU_CHIPS": str(self.chips())}
         if name == "fixes":
             return self.pytest(name, ["tests/fixes"], cell | {"MRL_QUICK": "1"}, "-m", "tpu_cell", "--ignore", ENGINE_TESTS,
@@ -327,10 +329,12 @@ class Cell:
             # The whole of it (MRL_QUICK=0: the breaks smoke must see); jax in this process on the CPU,
             # the engines the tests start on the chips.
             return self.pytest(name, [ENGINE_TESTS], cell | {"MRL_QUICK": "0", "JAX_PLATFORMS": "cpu"}, "-m", "tpu_cell", *passthrough)
-        if name == "train-rl":
-            # The overlay's runs (MRL_QUICK=1; -k to choose a configuration), MaxText's train_rl on the chips.
+        if name in ("train-rl", "train-rl-user"):
+            # The overlay's runs (MRL_QUICK=1; -k to choose a configuration), MaxText's train_rl on the chips:
+            # the tiny shape's two steps, or (train-rl-user) a user's shape, each step explained.
+            marker = "tpu_cell and user_shape" if name == "train-rl-user" else "tpu_cell and not user_shape"
             return self.pytest(name, [TRAIN_RL_TESTS], cell | {"MRL_QUICK": "1", "MRL_MAXTEXT": "1", "JAX_PLATFORMS": "cpu"},
-                               "-m", "tpu_cell", *passthrough)
+                               "-m", marker, *passthrough)
         if name == "upstream":
             return self.pytest(name, [f"upstream/{p}" for p in self.facts["upstream_tests"]], {}, "--rootdir", "upstream", *passthrough)
         if name == "bench":

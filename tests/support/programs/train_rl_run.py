@@ -6,6 +6,7 @@ JAX set process-wide state, and a process that imported MaxText can hang at
 exit), with tests/ on PYTHONPATH:
 
     python -m support.programs.train_rl_run RESULT.json --config NAME [--upstream] [--shims]
+        [--shape tiny|user] [--dims real|tiny] [--steps N] [--trace FIRST-LAST]
 
 It calls what MaxText's own integration test calls
 (tests/post_training/integration/single_host_train_rl_test.py at maxtext-v0.2.4,
@@ -61,11 +62,26 @@ entered as on a TPU, without the transfer guard it sets on other backends
 only (sync_weights_as_on_tpu). Each is recorded in RESULT.json under
 "stand_ins".
 
+`--shape user` (issue 61): MaxText's shipped model configs at a user's
+lengths (train_rl_inputs.USER_MODELS, USER_LENGTHS; `--dims real` on a chip,
+the default there, `--dims tiny` on the CPU simulation, its default), for
+`--steps` GRPO steps (default train_rl_inputs.USER_STEPS), each step
+explained (support/fixes/step_accounting.py): the programs compiled in each
+phase, the devices' memory after each step and what the models hold, the
+devices' busy time in each phase of the steps `--trace` names (default: the
+third to the last, the steady state; "none" for no trace), the rollout's
+tokens/s against the same engine generating alone at the same shape, the
+actor update's model FLOP/s against a bf16 matmul's measured in the same
+process. The tiny shape's run is unchanged unless --steps or --trace is
+given.
+
 RESULT.json: "steps" (each with its seconds, in order; the last one without
 "done" is where the run stopped), "stopped" (the exception, with the frames
 of installed packages), "checks", and each GRPO step's seconds
 ("grpo_step_seconds") split into the trainer's phases ("phase_seconds":
-rollout, logprobs, actor_update, weight_sync, other).
+rollout, logprobs, actor_update, weight_sync, other); with the accounting
+(the user shape): "compiles", "memory", "held", "device_time",
+"rollout_tokens", "engine_alone", "matmul_rate", "model_flops".
 """
 
 from __future__ import annotations
@@ -82,7 +98,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from support.fixes import train_rl_inputs, unpatched
+from support.fixes import step_accounting, train_rl_inputs, unpatched
 from support.fixes.matrix import PLATFORM, simulate_v6e_8
 from support.fixes.replaced import SNAPSHOTS, replaced_functions
 from support.fixes.train_rl_stand_ins import TRANSFER_GUARD_STAND_IN, cpu_stand_ins, sync_weights_as_on_tpu
@@ -114,7 +130,8 @@ class Run:
     def __init__(self, out: pathlib.Path, args: argparse.Namespace):
         self.out = out
         self.result: dict = {"config": args.config, "upstream": args.upstream, "shims": args.shims,
-                             "platform": PLATFORM, "steps": [], "checks": {}, "stand_ins": []}
+                             "platform": PLATFORM, "shape": args.shape, "dims": args.dims, "steps": [], "checks": {},
+                             "stand_ins": []}
         #: What the CPU stand-ins replace: the replaced-functions check reports them apart.
         self.stood_in: set[str] = set()
 
@@ -202,10 +219,13 @@ class PhaseTimes:
     """The seconds each GRPO step spent in each of the trainer's phases
     (RESULT.json's "phase_seconds", one dict a step: rollout, logprobs (the
     reference's and the old policy's), actor_update, weight_sync, and the
-    rest of the step as "other"); a step ends with its weight sync."""
+    rest of the step as "other"); a step ends with its weight sync. With an
+    `accounting`, also each phase's compiles, the devices' memory after each
+    step, the rollout's tokens, and the trace's annotations."""
 
-    def __init__(self, run: Run, cluster) -> None:
+    def __init__(self, run: Run, cluster, accounting: Accounting | None = None) -> None:
         self.run, self.steps = run, run.result.setdefault("phase_seconds", [])
+        self.accounting = accounting
         self.current: dict[str, float] = {}
         for phase, names in PHASES.items():
             for name in names:
@@ -214,9 +234,18 @@ class PhaseTimes:
 
     def timed(self, phase: str, method):
         def call(*args, **kwargs):
+            step = len(self.steps)  # 0-based: the steps closed so far
+            a = self.accounting
+            if a is not None and a.trace is not None and a.trace.wanted(step + 1):
+                a.trace.start()
             began = time.monotonic()
             try:
-                return method(*args, **kwargs)
+                with (a.compiles.phase(step, phase) if a else contextlib.nullcontext()), \
+                        (a.trace.annotate(step + 1, phase) if a and a.trace else contextlib.nullcontext()):
+                    out = method(*args, **kwargs)
+                if a is not None and phase == "rollout":
+                    a.rollout_tokens(step, out)
+                return out
             finally:
                 self.current[phase] = round(self.current.get(phase, 0.0) + time.monotonic() - began, 2)
                 if phase == "weight_sync":
@@ -232,6 +261,47 @@ class PhaseTimes:
             step["other"] = round(steps[len(self.steps)] - sum(step.values()), 2)
         self.steps.append(step)
         self.current = {}
+        if self.accounting is not None:
+            self.accounting.step_closed(len(self.steps))
+
+
+class Accounting:
+    """The user shape's account of each GRPO step (step_accounting.py): the
+    compiles by phase, the memory after each step, the rollout's tokens and
+    the profiler trace of the steps asked for."""
+
+    def __init__(self, run: Run, trace: tuple[int, int] | None) -> None:
+        self.run = run
+        self.compiles = step_accounting.Compiles()
+        self.compiles.install()
+        self.trace = step_accounting.Trace(*trace) if trace else None
+        self.memory: list[dict] = run.result.setdefault("memory", [])
+        self.tokens: list[int] = run.result.setdefault("rollout_tokens", [])
+        self.prompt_lengths: list[list[int]] = run.result.setdefault("prompt_lengths", [])
+        self.pad_id: int | None = None  # the rollout's, once it exists
+        self.last_prompts: list[list[int]] = []  # the last rollout's prompts (their token ids): engine_alone replays them
+
+    def snapshot(self, label: str) -> None:
+        self.memory.append({"at": label, **step_accounting.memory()})
+        self.run.result["compiles"] = self.compiles.result()
+        self.run.write()
+
+    def rollout_tokens(self, step: int, output: Any) -> None:
+        while len(self.tokens) <= step:
+            self.tokens.append(0)
+            self.prompt_lengths.append([])
+        self.tokens[step] += sum(len(t) for t in getattr(output, "tokens", None) or [])
+        padded = getattr(output, "left_padded_prompt_tokens", None)
+        if padded is not None:
+            prompts = [[int(x) for x in row if int(x) != self.pad_id] for row in padded]
+            self.prompt_lengths[step] += [len(p) for p in prompts]
+            self.last_prompts = prompts
+
+    def step_closed(self, done: int) -> None:
+        self.compiles.step = done  # compiles between steps: the next step's "other"
+        if self.trace is not None and self.trace.running and done >= self.trace.last:
+            self.trace.stop()
+        self.snapshot(f"after GRPO step {done}")
 
 
 def prompt_logprobs(rollout) -> list[float]:
@@ -254,7 +324,15 @@ def main() -> int:
     parser.add_argument("--config", choices=sorted(train_rl_inputs.CONFIGS), required=True)
     parser.add_argument("--upstream", action="store_true")
     parser.add_argument("--shims", action="store_true")
+    parser.add_argument("--shape", choices=train_rl_inputs.SHAPES, default="tiny")
+    parser.add_argument("--dims", choices=("real", "tiny"), help="the user shape's: real on a chip, tiny on the CPU (the defaults)")
+    parser.add_argument("--steps", type=int, help="GRPO steps (tiny shape: 2; user shape: train_rl_inputs.USER_STEPS)")
+    parser.add_argument("--trace", help="FIRST-LAST: the GRPO steps (1-based) a profiler trace covers, or none "
+                        "(user shape default: 3 to the last)")
     args = parser.parse_args()
+    args.dims = args.dims or ("real" if PLATFORM == "tpu" else "tiny")
+    if args.shape == "tiny":
+        args.dims = None
     simulate_v6e_8()  # before jax is imported
     os.environ.update(PROCESS_ENV)
     run = Run(args.result, args)
@@ -282,14 +360,29 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
     checks = run.result["checks"]
     with run.step("import"):
         import_maxtext(run, args.shims)
+    user = args.shape == "user"
+    steps: int = args.steps or (train_rl_inputs.USER_STEPS if user else 0)
     with run.step("inputs"):
-        inputs = train_rl_inputs.make_inputs(work, args.config)
-    argv = train_rl_inputs.argv_for(args.config, work, inputs)
+        hf_config = train_rl_inputs.user_dims(args.config, args.dims)[2] if user else None
+        # The user shape: enough questions for every step (a train_rl epoch ends with its data), two for the evaluation.
+        count = steps * train_rl_inputs.USER_LENGTHS[args.dims]["batch_size"] + 2 if user else 0
+        inputs = train_rl_inputs.make_inputs(
+            work, args.config, hf_config, train_rl_inputs.user_questions(count, args.dims) if user else None,
+            train_rl_inputs.USER_TOKENIZER_VOCAB if user and args.dims == "real" else None)
+        run.result["prompt_tokens_formatted"] = inputs.get("prompt_tokens")
+    if user:
+        argv = train_rl_inputs.user_argv(args.config, work, inputs, args.dims, steps)
+    else:
+        argv = train_rl_inputs.argv_for(args.config, work, inputs)
+        if steps:
+            argv = [a if not a.startswith("num_batches=") else f"num_batches={steps}" for a in argv]
     run.result["argv"] = argv[2:]
+    trace = parse_trace(args.trace, steps or 2) if (user or args.trace) else None
+    accounting = Accounting(run, trace) if (user or args.trace) else None
     from maxtext.trainers.post_train.rl import train_rl
 
     with train_rl._tpu_inference_compat_patches() if args.shims else contextlib.nullcontext():
-        t = set_up(run, args.config, argv)
+        t = set_up(run, args.config, argv, accounting)
         checks["replaced_after_engine_start"] = run.replaced()
         rollout = t.cluster.rollout
         with run.step("evaluate_before"):
@@ -299,12 +392,115 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
             checks["metrics_before"] = t.evaluate()
         with run.step("probe_before"):
             checks["probe_before"] = prompt_logprobs(rollout)
-        train(run, t)
+        train(run, t, accounting)
         with run.step("probe_after"):
             checks["probe_after"] = prompt_logprobs(rollout)
+        if accounting is not None:
+            explain(run, t, accounting)
         with run.step("evaluate_after"):
             checks["metrics_after"] = t.evaluate()
     run.result["finished"] = True
+
+
+def parse_trace(value: str | None, steps: int) -> tuple[int, int] | None:
+    """--trace FIRST-LAST (1-based), "none", or the default: the third step
+    to the last (the first compiles; the second, at the pins' Tunix,
+    compiles the update again: see the run's compiles), or the last alone
+    where there are fewer."""
+    if value == "none":
+        return None
+    if value:
+        first, _, last = value.partition("-")
+        return int(first), int(last or first)
+    return (min(3, steps), steps)
+
+
+def explain(run: Run, t: Trainer, a: Accounting) -> None:
+    """After the GRPO steps: the trace read back (device time by phase), the
+    rollout's engine generating alone at the same shape, a bf16 matmul's
+    rate, the actor update's model FLOPs, and what the models hold."""
+    with run.step("explain"):
+        if a.trace is not None:
+            a.trace.stop()
+            run.result["device_time"] = a.trace.read()
+            run.write()
+        c = t.config
+        completion = c.max_target_length - c.max_prefill_predict_length
+        sequences = c.batch_size * c.rl.num_generations
+        if not a.last_prompts:
+            raise RuntimeError("no rollout's prompts were seen: nothing to replay for the engine alone")
+        run.result["engine_alone"] = engine_alone(t.cluster.rollout, a.last_prompts, completion,
+                                                  repeats=3 if PLATFORM == "tpu" else 1)
+        run.write()
+        run.result["matmul_rate"] = step_accounting.matmul_rate(8192 if PLATFORM == "tpu" else 512)
+        run.result["model_flops"] = step_accounting.model_flops(c, sequences * c.max_target_length)
+        run.result["held"] = held_bytes(t)
+        a.snapshot("after the explanation")
+
+
+def engine_alone(rollout, prompts: list[list[int]], completion: int, repeats: int) -> dict:
+    """The rollout's own engine generating alone at the run's shape: the last
+    GRPO step's prompts (their token ids, one a generation, as the rollout
+    gave them to it), `completion` tokens each (ignore_eos: a random model
+    seldom stops early), the rollout's sampling settings (rl.yml's: 0.9,
+    top-k 50); after a warm-up, the median of `repeats` (3 on a chip; 1 on
+    the CPU, where the kernels are interpreted).
+    Decode tokens/s as bench_decode.py's: from the difference of the
+    full-length and 1-token generates (the prefill cancels out)."""
+    import statistics
+
+    from vllm import SamplingParams
+
+    llm = rollout._sampler.llm
+    requests = [{"prompt_token_ids": p} for p in prompts]
+
+    def generate(n: int) -> float:
+        params = SamplingParams(temperature=0.9, top_k=50, max_tokens=n, ignore_eos=True, logprobs=1, detokenize=False)
+        began = time.perf_counter()
+        llm.generate(requests, params, use_tqdm=False)
+        return time.perf_counter() - began
+
+    generate(completion)
+    generate(1)
+    full = [generate(completion) for _ in range(repeats)]
+    one = [generate(1) for _ in range(repeats)]
+    decode = statistics.median(full) - statistics.median(one)
+    sequences = len(prompts)
+    return {"sequences": sequences, "prompt_lengths": [len(p) for p in prompts], "completion": completion,
+            "seconds_full": full, "seconds_1": one, "tokens_per_s": sequences * completion / statistics.median(full),
+            "decode_tokens_per_s": sequences * (completion - 1) / decode if decode > 0 else None}
+
+
+def held_bytes(t: Trainer) -> dict:
+    """What the models hold on the devices: the actor's and the reference's
+    parameters, the actor's optimizer state (by dtype), the engine's weights
+    and its KV cache (each the arrays' global bytes)."""
+    import jax
+    from flax import nnx
+
+    def arrays(tree) -> list:
+        return [x for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)]
+
+    def total(tree) -> int:
+        return sum(int(x.nbytes) for x in arrays(tree))
+
+    held: dict = {"actor_params": total(nnx.state(t.actor, nnx.Param)),
+                  "reference_params": total(nnx.state(t.reference, nnx.Param))}
+    with contextlib.suppress(Exception):
+        optimizer = t.cluster.actor_trainer.optimizer
+        state = nnx.state(optimizer, nnx.optimizer.OptState)
+        by_dtype: dict = {}
+        for x in arrays(state):
+            by_dtype[str(x.dtype)] = by_dtype.get(str(x.dtype), 0) + int(x.nbytes)
+        held["optimizer_state"] = total(state)
+        held["optimizer_state_by_dtype"] = by_dtype
+    runner = t.cluster.rollout._sampler._model_runner
+    with contextlib.suppress(Exception):
+        held["engine_weights"] = total(runner.state)
+    with contextlib.suppress(Exception):
+        held["engine_kv_cache"] = total(runner.kv_caches)
+    held["parameters"] = sum(int(x.size) for x in arrays(nnx.state(t.actor, nnx.Param)))
+    return held
 
 
 def import_maxtext(run: Run, shims: bool) -> None:
@@ -326,7 +522,7 @@ def import_maxtext(run: Run, shims: bool) -> None:
     cpu_stand_ins(run.result["stand_ins"], run.stood_in)
 
 
-def set_up(run: Run, config: str, argv: list[str]) -> Trainer:
+def set_up(run: Run, config: str, argv: list[str], accounting: Accounting | None = None) -> Trainer:
     """train_rl's set-up, as MaxText's test calls it: the configs, the
     datasets, the models and meshes, then the RL components (which start
     vLLM and sync the actor's weights into it). Records the rollout engine's
@@ -346,6 +542,10 @@ def set_up(run: Run, config: str, argv: list[str]) -> Trainer:
         reference_model, reference_mesh, actor_model, actor_mesh, rollout_mesh = model_creation_utils.create_models_and_meshes(
             trainer_config, sampler_config, trainer_devices, sampler_devices, tokenizer_pad_id=model_tokenizer.pad_token_id)
     scale = train_rl_inputs.CONFIGS[config].get("embedding_scale")
+    if run.result["shape"] == "user":  # both user models tie their logits to the embedding
+        scale = train_rl_inputs.embedding_scale(trainer_config.emb_dim)
+    if accounting is not None:
+        accounting.snapshot("after create_models_and_meshes")
     if scale:  # both models: the reference stays the actor's initial state
         for model in (reference_model, actor_model):
             embedding = model.base.token_embedder.embedding
@@ -355,6 +555,9 @@ def set_up(run: Run, config: str, argv: list[str]) -> Trainer:
         rl_cluster, rl_trainer, _, reward_fns = train_rl.create_rl_components(
             trainer_config, sampler_config, sampler_devices, actor_model, actor_mesh,
             reference_model, reference_mesh, rollout_mesh, model_tokenizer)
+    if accounting is not None:
+        accounting.pad_id = rl_cluster.rollout.pad_id()
+        accounting.snapshot("after create_rl_components (the engine started)")
     runner = rl_cluster.rollout._sampler._model_runner
     model_config = rl_cluster.rollout._sampler.llm.llm_engine.model_config
     run.result["rollout"] = {
@@ -367,7 +570,7 @@ def set_up(run: Run, config: str, argv: list[str]) -> Trainer:
     return Trainer(trainer_config, train_dataset, test_dataset, actor_model, reference_model, rl_cluster, rl_trainer, reward_fns)
 
 
-def train(run: Run, t: Trainer) -> None:
+def train(run: Run, t: Trainer, accounting: Accounting | None = None) -> None:
     """The GRPO steps (rl_trainer.train), each step's seconds read at its
     weight sync, the sync entered as on a TPU; then MaxText's test's
     parameter checks, made even where training stops (after the actor's
@@ -382,7 +585,7 @@ def train(run: Run, t: Trainer) -> None:
     if PLATFORM == "cpu":
         run.result["stand_ins"].append(TRANSFER_GUARD_STAND_IN)
     t.cluster.sync_weights = timed
-    PhaseTimes(run, t.cluster)  # wraps the timed sync too: it closes a step after TimedSync has read its seconds
+    PhaseTimes(run, t.cluster, accounting)  # wraps the timed sync too: it closes a step after TimedSync has read its seconds
 
     def compare_parameters():
         checks = run.result["checks"]
@@ -398,8 +601,12 @@ def train(run: Run, t: Trainer) -> None:
     try:
         with run.step("train"):
             timed.start()
+            if accounting is not None:
+                accounting.compiles.step = 0  # from here on, a compile outside every phase is a step's "other"
             t.trainer.train(t.train_dataset)
     finally:
+        if accounting is not None:
+            accounting.compiles.finished = True
         with contextlib.suppress(Exception):
             with jax.transfer_guard("allow"):
                 compare_parameters()
