@@ -1,8 +1,9 @@
 """google-tunix 0003 (Fail the rollout's direct sync on weights it would
 leave stale): a sync that would leave a rollout weight at its old value
-stops, naming it, in the path train_rl takes (VllmSampler.update_params's
-direct sync: MaxText's maxtext_on_vllm), before anything is resharded or
-deleted; rng state, which differs by design, stays exempt.
+stops, naming it, in the path train_rl takes (VllmSampler.update_params:
+its direct sync, MaxText's maxtext_on_vllm, and its sync with mappings,
+vllm_native), before anything is resharded, written or deleted; rng state,
+which differs by design, stays exempt.
 
 The stale sync is a real one: a tiny MaxText deepseek3 (built by MaxText's
 own code, support/fixes/maxtext_models.py) whose actor has one scanned
@@ -27,17 +28,10 @@ import pytest
 
 from support.fixes import maxtext_models, maxtext_shims
 
-pytestmark = [
-    pytest.mark.skipif(
-        not maxtext_models.AVAILABLE,
-        reason="needs MaxText 0.2.4 (the matrix's maxtext-0.2.4 cell): would sync a tiny real MaxText deepseek3 with "
-        "one weight renamed and check that the rollout's sync stops naming it",
-    ),
-    pytest.mark.skipif(
-        maxtext_shims.GLOBAL,
-        reason="the plain run of the MaxText cell runs it; the session-wide shims are not on the sync's path",
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    maxtext_shims.GLOBAL,
+    reason="the plain run of the MaxText cell and py312 run it; the session-wide shims are not on the sync's path",
+)
 
 FAMILY = "deepseek3"
 #: The scanned weight given another name in the actor's state.
@@ -48,6 +42,10 @@ RENAMED = ("base", "decoder", "moe_layers", "self_attention", "wq_a", "kernel")
 def stale_case(family_models):
     """(models, the actor's param state with RENAMED's module renamed, the target leaves it would leave stale)."""
     from flax import nnx
+
+    if not maxtext_models.AVAILABLE:
+        pytest.skip("needs MaxText 0.2.4 (the matrix's maxtext-0.2.4 cell): would sync a tiny real MaxText deepseek3 "
+                    "with one weight renamed and check that the rollout's sync stops naming it")
 
     models = family_models(FAMILY)
     flat = dict(nnx.to_flat_state(maxtext_models.param_state(models.actor)))
@@ -119,11 +117,22 @@ def test_without_weight_types_the_trees_are_intersected_as_upstream_does(stale_c
     assert [p for p in new if np.array_equal(new[p], old[p])] == stale
 
 
+class _ModelConfig:
+    """The runner's model config, as the mapped sync reads it (the KV heads and head size it aligns to)."""
+
+    def get_total_num_kv_heads(self):
+        return 1
+
+    def get_head_size(self):
+        return 4
+
+
 class _Runner:
-    """The running engine's model runner, as update_params reads it: its state."""
+    """The running engine's model runner, as update_params reads it: its state and model config."""
 
     def __init__(self, state):
         self.state = state
+        self.model_config = _ModelConfig()
 
 
 class _Engine:
@@ -176,3 +185,65 @@ def test_the_rollouts_sync_requires_every_weight(stale_case):
     got = _values(right)
     assert all(np.array_equal(got[p], models.expected[p]) for p in models.expected)
     assert sampler.llm.calls == ["reset_prefix_cache", "delete_kv_cache", "reinitialize_kv_cache"]
+
+
+# -- the sync with mappings (vllm_native): its mechanism on a small state -----
+#
+# The real one: tests/fixes/test_families_vllm_native.py (MaxText's Qwen
+# mapping names the LM head `model.lm_head`, tpu-inference's untied Qwen3
+# holds `lm_head.weight`; full matrix).
+
+
+def _mapped_case(tied: bool):
+    """(source, target, mappings): the mappings reach the embedding and the
+    norm of the target, not its LM head, which is the embedding's shape
+    (`tied`: a head Tunix mirrors the embedding into) or its transpose."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    source = nnx.State({"embedding": nnx.Param(jnp.arange(12.0).reshape(3, 4)), "norm": nnx.Param(jnp.ones(4) * 2)})
+    head = (3, 4) if tied else (4, 3)
+    target = nnx.State({"model": {"embed": {"embedding": nnx.Param(jnp.zeros((3, 4)))}, "norm": nnx.Param(jnp.zeros(4)),
+                                  "lm_head": nnx.Param(jnp.full(head, -1.0))},
+                        "rng": nnx.RngKey(jnp.zeros((2,), jnp.uint32))})
+    mappings = {"embedding": ("model.embed.embedding", None), "norm": ("model.norm", None)}
+    return source, target, mappings
+
+
+def test_a_mapped_sync_that_would_leave_a_weight_stale_stops_naming_it():
+    import numpy as np
+    from flax import nnx
+    from tunix.generate import utils
+
+    from support.fixes.unpatched import load_before
+
+    before = load_before("google-tunix", "tunix.generate.utils", "0003", "tunix_generate_utils_before_0003_mapped")
+    source, target, mappings = _mapped_case(tied=False)
+    kept = before.transfer_state_with_mappings(source, target, mappings)  # before 0003: the head keeps its value
+    assert np.all(np.asarray(kept["model"]["lm_head"][...]) == -1.0)
+
+    source, target, mappings = _mapped_case(tied=False)
+    with pytest.raises(ValueError, match=r"1 of 3 target weights would keep their old values, no mapping reaching them .*: "
+                                         r"model\.lm_head\.$"):
+        utils.transfer_state_with_mappings(source, target, mappings, weight_types=(nnx.Param,))
+    assert np.all(np.asarray(target["model"]["embed"]["embedding"][...]) == 0.0), "nothing is written before the check"
+
+    # A head Tunix mirrors the tied embedding into is reached; rng state is never required.
+    source, target, mappings = _mapped_case(tied=True)
+    done = utils.transfer_state_with_mappings(source, target, mappings, weight_types=(nnx.Param,))
+    np.testing.assert_array_equal(np.asarray(done["model"]["lm_head"][...]), np.arange(12.0).reshape(3, 4))
+    # Without weight_types, Tunix's own contract: what no mapping reaches keeps its value.
+    source, target, mappings = _mapped_case(tied=False)
+    kept = utils.transfer_state_with_mappings(source, target, mappings)
+    assert np.all(np.asarray(kept["model"]["lm_head"][...]) == -1.0)
+
+
+def test_the_rollouts_mapped_sync_requires_every_weight():
+    """VllmSampler.update_params with mappings (vllm_native) passes the kind it syncs."""
+    from flax import nnx
+
+    source, target, mappings = _mapped_case(tied=False)
+    sampler = _sampler(target)
+    sampler.to_hf_key_mappings = mappings
+    with pytest.raises(ValueError, match="model.lm_head"):
+        sampler.update_params(source, (nnx.Param,))
