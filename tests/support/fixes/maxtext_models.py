@@ -59,16 +59,45 @@ _TINY = dict(
 
 
 @dataclasses.dataclass(frozen=True)
+class VllmModel:
+    """The family in vLLM's engine running vLLM's own model for it, as
+    train_rl's `vllm_native` configuration runs it
+    (support/programs/family_sync.py): the actor's dims for that run and the
+    Hugging Face config.json vLLM reads (tokenizer_path's)."""
+
+    #: MaxText overrides over _TINY and the family's overrides: a model the
+    #: engine shards over 8 devices (heads of 128 unless the family's real
+    #: ones differ: tpu-inference pads smaller heads), vocab 1024.
+    dims: dict
+    #: config.json: MaxText's own HF config of the model
+    #: (HF_MODEL_CONFIGS[model_name], its `text_config` where `text_config`),
+    #: with these keys over it (the same dims in Hugging Face's words, the
+    #: architecture vLLM builds); `layer_types` is cut to the layers.
+    hf: dict
+    text_config: bool = False
+    #: The actor's embedding scaled by this before the sync (see
+    #: ENGINE_EMBEDDING_SCALE: a random tied model repeats its last token).
+    embedding_scale: float | None = None
+    #: weight_dtype and dtype of the run (train_rl gives the engine
+    #: weight_dtype): float32 compares two implementations, not roundings,
+    #: where the engine's model takes it.
+    dtype: str = "float32"
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     name: str
     model_name: str
     layers: int
     overrides: dict = dataclasses.field(default_factory=dict)
+    #: vLLM's own model for the family (train_rl's vllm_native), where family_sync.py runs it.
+    vllm: VllmModel | None = None
 
 
+# MoE on the CPU: dense matmuls, no capacity limit.
+_CPU_MOE = dict(megablox=False, sparse_matmul=False, capacity_factor=-1)
 #: The MoE settings of a tiny MoE family: 4 experts, dense matmuls on CPU.
-_MOE = dict(num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=64, megablox=False, sparse_matmul=False,
-            capacity_factor=-1)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=64, **_CPU_MOE)
 #: DeepSeek's multi-head latent attention, shrunk.
 _MLA = dict(q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
 
@@ -96,6 +125,89 @@ FAMILIES = {
     # as blocks `layers.layers_J` over 2 repeats, its MoE `GptOssMlp` prefused
     # (`wi`) in the target.
     "gpt-oss": Family("gpt-oss", "gpt-oss-20b", 4, _MOE),
+}
+
+
+# The engine runs' dims (VllmModel), in MaxText's words and Hugging Face's;
+# the token ids 0, 1, 2 are the test tokenizer's pad, bos and eos. vLLM's
+# torch models cache their rotary tables for max_position_embeddings (times
+# a linear scaling's factor), replicated on every device: 512 positions.
+_ENGINE = dict(base_emb_dim=128, base_num_query_heads=8, base_num_kv_heads=8, head_dim=128, base_mlp_dim=256,
+               vocab_size=1024)
+_HF_ENGINE = dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=8, head_dim=128, intermediate_size=256,
+                  vocab_size=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=512)
+
+#: The families as train_rl's `vllm_native` runs them (support/programs/family_sync.py):
+#: each with vLLM's own model for it (VllmModel), at the dims an engine of 8
+#: devices takes (heads of 128 unless the family's own differ, vocabulary
+#: 1024), and, for Qwen3, the MaxText names that take MaxText's different
+#: paths there (qwen3-0.6b: MaxText refuses; other qwen3-*: tied or not).
+#: FAMILIES above are the same families at the direct sync's tiny dims.
+VLLM_FAMILIES = {
+    # llama3.1-8b shrunk to 4 layers: the target's layers share the decoder's nnx.Rngs.
+    "llama3": Family("llama3", "llama3.1-8b", 4, vllm=VllmModel(
+        _ENGINE, _HF_ENGINE | {"architectures": ["LlamaForCausalLM"]})),
+    # gemma3-4b's pattern of 6 layers (5 local, 1 global) shrunk to 14 layers:
+    # two scanned repeats of the pattern plus 2 remainder layers.
+    "gemma3": Family("gemma3", "gemma3-4b", 14, vllm=VllmModel(
+        _ENGINE | {"base_num_kv_heads": 4},
+        _HF_ENGINE | {"architectures": ["Gemma3ForCausalLM"], "num_key_value_heads": 4, "query_pre_attn_scalar": 128,
+                      # MaxText's gemma3-4b: global layers 1e6 with linear scaling 8, local 1e4
+                      "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                          "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                                             "rope_theta": 1000000.0}}},
+        text_config=True)),
+    # qwen3-30b-a3b (MoE) shrunk to 4 layers of 4 experts, dense matmuls on CPU.
+    "qwen3-moe": Family("qwen3-moe", "qwen3-30b-a3b", 4, dict(
+        num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=64, **_CPU_MOE), vllm=VllmModel(
+        _ENGINE | {"base_num_kv_heads": 4, "base_moe_mlp_dim": 128},
+        _HF_ENGINE | {"architectures": ["Qwen3MoeForCausalLM"], "num_key_value_heads": 4, "moe_intermediate_size": 128,
+                      "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2})),
+    # qwen2.5-1.5b: tied embedding, attention biases, 2 KV heads (repeated to the tensor parallelism).
+    "qwen2": Family("qwen2", "qwen2.5-1.5b", 4, vllm=VllmModel(
+        _ENGINE | {"base_num_kv_heads": 2},
+        _HF_ENGINE | {"architectures": ["Qwen2ForCausalLM"], "num_key_value_heads": 2}, embedding_scale=0.25)),
+    # qwen3-8b: dense, untied (MaxText names other than qwen3-0.6b pick the qwen3_moe converter table).
+    "qwen3": Family("qwen3", "qwen3-8b", 4, vllm=VllmModel(
+        _ENGINE, _HF_ENGINE | {"architectures": ["Qwen3ForCausalLM"]})),
+    # qwen3-1.7b: dense, tied (the LM head is the embedding).
+    "qwen3-tied": Family("qwen3-tied", "qwen3-1.7b", 4, vllm=VllmModel(
+        _ENGINE, _HF_ENGINE | {"architectures": ["Qwen3ForCausalLM"], "tie_word_embeddings": True},
+        embedding_scale=0.25)),
+    # qwen3-0.6b, MaxText's RL test's model: tied (its converter table is None).
+    "qwen3-0.6b": Family("qwen3-0.6b", "qwen3-0.6b", 2, vllm=VllmModel(
+        _ENGINE, _HF_ENGINE | {"architectures": ["Qwen3ForCausalLM"]}, embedding_scale=0.25)),
+    # gpt-oss-20b: 4 layers (two scanned repeats of its cycle of 2), 4 experts,
+    # its own heads of 64 (16 query, 8 KV), attention sinks and biases.
+    "gpt-oss": Family("gpt-oss", "gpt-oss-20b", 4, dict(num_experts=4, num_experts_per_tok=2, **_CPU_MOE), vllm=VllmModel(
+        _ENGINE | {"base_num_query_heads": 16, "head_dim": 64, "base_mlp_dim": 128, "base_moe_mlp_dim": 128},
+        _HF_ENGINE | {"architectures": ["GptOssForCausalLM"], "num_attention_heads": 16, "head_dim": 64,
+                      "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2,
+                      "experts_per_token": 2},
+        # tpu-inference's JAX GptOss holds bfloat16 whatever the model's dtype
+        # (gpt_oss.py: `dtype: jnp.dtype = jnp.bfloat16`), and its hd64
+        # attention kernel refuses a float32 KV cache: rl.yml's bfloat16.
+        dtype="bfloat16")),
+    # deepseek3-671b: 3 dense layers and 1 MoE layer, as tpu-inference's JAX
+    # DeepseekV3 builds it (deepseek_v3.py's module constants: the 671B's dims,
+    # first_k_dense_replace 3, the embedding's vocabulary 129280; only the
+    # layer count and the embedding's hidden size come from config.json, the
+    # layers keep 7168: no engine of this size fits here). The actor's layers
+    # are tiny: MaxText's mapping names none of its scanned stacks anyway.
+    "deepseek3": Family("deepseek3", "deepseek3-671b", 4, dict(
+        first_num_dense_layers=3, num_experts=8, num_experts_per_tok=2, base_moe_mlp_dim=64, q_lora_rank=64,
+        kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, **_CPU_MOE), vllm=VllmModel(
+        _ENGINE | {"vocab_size": 129280},
+        {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 128, "pad_token_id": 0, "bos_token_id": 1,
+         "eos_token_id": 2})),
+    # deepseek2-16b's shape, 1 dense and 2 MoE layers (MaxText names it; its
+    # Tunix integration has no deepseek2 mapping).
+    "deepseek2": Family("deepseek2", "deepseek2-16b", 3, dict(
+        first_num_dense_layers=1, num_experts=8, num_experts_per_tok=2, base_moe_mlp_dim=64, kv_lora_rank=64,
+        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, **_CPU_MOE), vllm=VllmModel(
+        _ENGINE, _HF_ENGINE | {"architectures": ["DeepseekV2ForCausalLM"], "moe_intermediate_size": 64,
+                               "n_routed_experts": 8, "num_experts_per_tok": 2, "kv_lora_rank": 64,
+                               "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32})),
 }
 
 
