@@ -46,7 +46,8 @@ def test_a_release_naming_upstreams_mains_moves_both_pins_and_the_extra(tmp_path
         assert tomllib.loads((project / "patches" / name / "pin.toml").read_text())["commit"] == commit
         assert f"rebase {name}: " in out and f" -> {commit[:12]}" in out
     # Every backport is upstream at those mains (rows by name prefix).
-    for backport in ("backport-984b29c49-", "backport-995930220-", "backport-e27319786-", "backport-9cfd2bd29-", "backport-b9ff349c8-"):
+    for backport in ("backport-984b29c49-", "backport-995930220-", "backport-e27319786-", "backport-9cfd2bd29-", "backport-b9ff349c8-",
+                     "backport-9a17c3714-"):
         assert row(out, backport).startswith("dropped: already upstream"), out
     extra = tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]["maxtext"]
     assert extra == [f"maxtext[tpu-post-train]=={VERSION}"]

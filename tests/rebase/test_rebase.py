@@ -339,6 +339,75 @@ def _as_backport_release(project, release: str) -> None:
     commit_all(project, f"first released in {release}", "2026-11-01T00:00:00+00:00")
 
 
+GATHER = "\n\n\ndef gather_logprobs("
+UPSTREAMS_HELPER = "def _upstreams_earlier_helper():\n    return 0\n"
+BACKPORTED_HELPER = "def _backported_helper():\n    return 1\n"
+
+
+def _insert_before_gather(repo, block: str) -> None:
+    path = repo / SAMPLING
+    text = path.read_text()
+    assert text.count(GATHER) == 1
+    path.write_text(text.replace(GATHER, f"\n\n\n{block}{GATHER}"))
+
+
+def test_backport_drops_by_its_lines_where_upstream_wrote_it_in_other_surroundings(upstream, tmp_path):
+    """As Tunix's 9a17c3714 at main-2026-08-21, a snapshot without history:
+    upstream first added a helper where the backport's function goes, then
+    its own commit put that function after it; the backport, fitted to the
+    pin, neither reverse-applies with its full context nor merges (both
+    sides insert at one place). Its lines stand at the new ref with the two
+    lines around each, so it drops, and the report says how that was read.
+    Upstream's later rewrite of one of its lines leaves it to the conflict."""
+    repo, commits = upstream
+    _branch(repo, "main2", commits["old"])
+    _insert_before_gather(repo, UPSTREAMS_HELPER)
+    commit_all(repo, "Add an earlier helper", "2026-08-02T12:00:00+00:00")
+    _insert_before_gather(repo, BACKPORTED_HELPER)
+    carried = commit_all(repo, "Add the helper the backport carries", "2026-08-03T12:00:00+00:00")
+    (repo / "NOTE").write_text("later\n")
+    later = commit_all(repo, "Unrelated later", "2026-08-04T12:00:00+00:00")
+    source = _shallow_source(repo, tmp_path / "shallow.git", f"{commits['old']}:refs/tags/pin", "refs/heads/main2:refs/heads/main2")
+    assert subprocess.run(["git", "cat-file", "-e", f"{carried}^{{commit}}"], cwd=source, capture_output=True).returncode != 0
+
+    fitted = tmp_path / "fitted"
+    git(tmp_path, "clone", "-q", str(repo), str(fitted))
+    git(fitted, "checkout", "-q", commits["old"])
+    _insert_before_gather(fitted, BACKPORTED_HELPER)
+    commit_all(fitted, f"Add the backported helper\n\nOrigin: upstream, https://example.invalid/commit/{carried}\n"
+               f"Applied-Upstream: https://example.invalid/commit/{carried}\nUpstream-Status: Backport [{carried}]",
+               "2026-08-03T12:00:00+00:00")
+    text = git(fitted, "format-patch", "-1", "--stdout", "--full-index", "--zero-commit") + "\n"
+    assert git(fitted, "apply", "--check", "-R", "-", input=text) == ""  # and at the pin's surroundings it does
+
+    project = _project(tmp_path, repo, commits["old"])
+    name = f"backport-{carried[:9]}-Add-the-backported-helper.patch"
+    (project / TPU / name).write_text(text)
+    series = project / TPU / "series"
+    series.write_text(series.read_text().replace(PATCH, f"{name}\n{PATCH}"))
+    commit_all(project, "the backport", "2026-11-01T00:00:00+00:00")
+    proc = rebase(project, "tpu-inference", "main2", "--source", str(source), "--no-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert row(proc.stdout, "backport-") == (
+        f"dropped: already upstream  ({later[:12]}: its lines stand there with 2 lines of context each (fitted to the pin, "
+        "upstream's own commit has other surroundings); the repository holds no history to check ancestry)"), proc.stdout
+    assert row(proc.stdout, "0001-").startswith("applied"), proc.stdout
+    assert _pin(project)["commit"] == later
+
+    git(project, "checkout", "-q", "--", ".")
+    git(project, "clean", "-q", "-f", "-d")
+    rewritten = tmp_path / "rewritten"
+    git(tmp_path, "clone", "-q", str(repo), str(rewritten))
+    git(rewritten, "checkout", "-q", "-b", "main3", later)
+    path = rewritten / SAMPLING
+    path.write_text(path.read_text().replace("    return 1\n", "    return 2  # rewritten upstream later\n"))
+    commit_all(rewritten, "Rewrite the helper", "2026-08-05T12:00:00+00:00")
+    source3 = _shallow_source(rewritten, tmp_path / "shallow3.git", f"{commits['old']}:refs/tags/pin", "refs/heads/main3:refs/heads/main3")
+    proc = rebase(project, "tpu-inference", "main3", "--source", str(source3), "--no-tests")
+    assert proc.returncode == 1 and row(proc.stdout, "backport-").startswith("CONFLICT"), proc.stdout + proc.stderr
+    assert rebase(project, "--abort").returncode == 0
+
+
 def test_dirty_checkout_is_refused_before_anything_starts(upstreams, tmp_path):
     repo, commits = upstreams["tpu-inference"]
     project = _project(tmp_path, repo, commits["old"])

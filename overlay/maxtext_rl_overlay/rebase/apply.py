@@ -29,8 +29,8 @@ def apply_one(work: pathlib.Path, patch: pathlib.Path, entry: PatchEntry, old: s
     if git("apply", "--check", "-R", str(patch), cwd=work, check=False).returncode == 0:
         _dropped(entry, where_upstream(work, patch, old, new))
         return entry.outcome
-    released = backport_released_before(work, parsed, new)
-    if released:  # no history to ask, but a release that has it precedes the new pin
+    released = backport_released_before(work, parsed, new) or backport_in_content(work, patch, parsed, new)
+    if released:  # no history to ask, but a release that has it precedes the new pin, or its lines stand there
         _dropped(entry, released)
         return entry.outcome
     clean = git("apply", "--check", str(patch), cwd=work, check=False).returncode == 0
@@ -161,6 +161,29 @@ def backport_released_before(work: pathlib.Path, patch: patchfile.PatchFile, new
     new_day = datetime.datetime.fromtimestamp(pinned, datetime.UTC).date()
     return (f"in {tag} (its Applied-Upstream), tagged {day}, not after the new pin's commit of {new_day}; "
             "the repository holds no history to check ancestry")
+
+
+#: The context a backport's lines must keep at the new pin to count as upstream's.
+_BACKPORT_CONTEXT = 2
+
+
+def backport_in_content(work: pathlib.Path, patch: pathlib.Path, parsed: patchfile.PatchFile, new: str) -> str | None:
+    """Why a backport counts as upstream at `new` from the content alone, else
+    None: every line it adds stands at the new pin with the two lines around
+    it (it reverse-applies with two lines of context). A backport is fitted to
+    the pin's surroundings, and upstream's own commit was written against a
+    later main whose surroundings differ (9a17c3714's functions follow
+    63d07632's `_zero_safe_reciprocal` there), so at a snapshot without
+    history it neither reverse-applies with full context nor merges. Only a
+    backport: its lines are upstream's by construction, so finding them is
+    finding upstream's commit; a patch of ours stays to the full check."""
+    if not patchfile.backport_commit(parsed):
+        return None
+    proc = git("apply", "--check", "-R", f"-C{_BACKPORT_CONTEXT}", str(patch), cwd=work, check=False)
+    if proc.returncode != 0:
+        return None
+    return (f"{new[:12]}: its lines stand there with {_BACKPORT_CONTEXT} lines of context each "
+            "(fitted to the pin, upstream's own commit has other surroundings); the repository holds no history to check ancestry")
 
 
 def _committed_at(work: pathlib.Path, rev: str) -> int | None:
