@@ -97,7 +97,6 @@ import pathlib
 import sys
 import tempfile
 import time
-import traceback
 from typing import Any
 
 from support.fixes import maxtext_models, train_rl_inputs, unpatched
@@ -122,10 +121,20 @@ def _native_argv(_family: maxtext_models.Family) -> list[str]:
     return []
 
 
+def _maxtext_argv(family: maxtext_models.Family) -> list[str]:
+    # MaxText's model in vLLM, as MaxText's integration test asks for it
+    # (train_rl_inputs.CONFIGS["maxtext_on_vllm"]): the adapter's architecture
+    # and its maxtext_config, the family's tiny model; MaxTextVllmRollout then
+    # syncs directly (its pre-unroll, then Tunix's transfer_state_directly).
+    assert family.vllm is not None
+    config = {"model_name": family.model_name, "log_config": "false", "override_model_config": True, **maxtext_dims(family),
+              "weight_dtype": family.vllm.dtype, "dtype": family.vllm.dtype}
+    return ["vllm_hf_overrides={architectures: ['MaxTextForCausalLM']}", "vllm_additional_config=" + json.dumps({"maxtext_config": config})]
+
+
 CONFIGURATIONS = {
     "vllm_native": Configuration("vllm_native", {}, _native_argv),
-    # "maxtext_on_vllm": Configuration("maxtext_on_vllm", {"NEW_MODEL_DESIGN": "1"}, <vllm_hf_overrides
-    #     MaxTextForCausalLM and vllm_additional_config's maxtext_config with the family's dims>),
+    "maxtext_on_vllm": Configuration("maxtext_on_vllm", {"NEW_MODEL_DESIGN": "1"}, _maxtext_argv),
 }
 
 #: The prompts (token ids below the test tokenizer's 960) and how many tokens to generate.
@@ -135,17 +144,8 @@ TOKENS = 8
 HBM_UTILIZATION = 0.4
 #: The actor's parameters are moved by this times N(0, 1) before the sync (see the docstring).
 MOVE = 0.01
-#: The run's process environment (train_rl_run's, as MaxText's integration test sets it).
-PROCESS_ENV = {
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_DISABLE_COMPILE_CACHE": "1",
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "TPU_BACKEND_TYPE": "jax",
-    "SKIP_JAX_PRECOMPILE": "1",
-    "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python",
-}
+#: The run's process environment: train_rl_run's (as MaxText's integration test sets it).
+PROCESS_ENV = train_rl_run.PROCESS_ENV
 
 
 class Run(train_rl_run.Run):
@@ -535,17 +535,12 @@ def main() -> int:
     if args.upstream:
         run.result["upstream_modules"] = unpatched.upstream_imports(tuple(args.upstream))
     work = pathlib.Path(tempfile.mkdtemp(prefix="family-sync-"))
-    try:
+
+    def steps() -> None:
         drive(run, family, configuration, args.shims, work, args.dump, args.set, args.zero)
         run.result["finished"] = True
-    except Exception as error:  # noqa: BLE001 - written down: where it stopped is a finding
-        run.result["stopped"] = {"type": f"{type(error).__module__}.{type(error).__qualname__}",
-                                 "message": str(error)[:3000], "frames": unpatched.traceback_frames(error, "upstream")}
-        traceback.print_exc()
-    run.write()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # a process that imported MaxText can hang in its atexit hooks
+
+    train_rl_run.run_and_exit(run, steps)
 
 
 def drive(run: Run, family: maxtext_models.Family, configuration: Configuration, shims: bool, work: pathlib.Path,

@@ -95,8 +95,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from support.fixes import step_accounting, train_rl_inputs, unpatched
 from support.fixes.matrix import PLATFORM, simulate_v6e_8
@@ -343,8 +344,17 @@ def main() -> int:
         run.result["upstream_modules"] = upstream_imports(("google-tunix", "tpu-inference"))
     sys.meta_path.insert(0, SNAPSHOTS)  # before any upstream module is imported (it delegates to the finders after it)
     work = pathlib.Path(tempfile.mkdtemp(prefix="train-rl-"))
+    run_and_exit(run, lambda: drive(run, args, work))
+
+
+def run_and_exit(run: Run, steps: Callable[[], None]) -> NoReturn:
+    """`steps`, then RESULT.json written and the process ended. Where the
+    steps stopped is written down for the test (a finding: the error's type,
+    message and the upstream frames it passed), not raised; the process ends
+    with os._exit, as a process that imported MaxText can hang in its atexit
+    hooks."""
     try:
-        drive(run, args, work)
+        steps()
     except Exception as error:  # noqa: BLE001 - reported to the test
         run.result["stopped"] = {"type": f"{type(error).__module__}.{type(error).__qualname__}",
                                  "message": str(error)[:3000], "frames": unpatched.traceback_frames(error, "upstream")}
@@ -352,7 +362,7 @@ def main() -> int:
     run.write()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)  # a process that imported MaxText can hang in its atexit hooks
+    os._exit(0)
 
 
 def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
