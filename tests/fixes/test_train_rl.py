@@ -40,6 +40,7 @@ import importlib.util
 import json
 import math
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -76,22 +77,29 @@ def tunix_is_the_standin() -> bool:
     return ".unpinned." in importlib.metadata.version("google-tunix")
 
 
+#: A folder for each run's RESULT.json and log, where they outlive the test:
+#: the TPU cell names one in its report, so that a run its step's bound
+#: kills still says which steps it made and what each cost (the record is
+#: written at every step, and after every GRPO step). Else tmp_path.
+RECORDS = "MRL_RUN_RECORDS"
+
+
 def run_trainer(tmp_path, config: str, *flags: str) -> dict:
-    out = tmp_path / "result.json"
+    records = pathlib.Path(os.environ.get(RECORDS) or tmp_path)
+    records.mkdir(parents=True, exist_ok=True)
+    out, log_file = records / f"{tmp_path.name}.json", records / f"{tmp_path.name}.log"
     path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, MRL_PLATFORM=PLATFORM, PYTHONPATH=path)
     if PLATFORM == "tpu":  # the run opens the chips itself (the TPU cell keeps this process's jax on the CPU)
         env = {k: v for k, v in env.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "support.programs.train_rl_run", str(out), "--config", config, *flags],
-            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
-        )
-        log = proc.stderr
-        timed_out = False
-    except subprocess.TimeoutExpired as error:
-        log = (error.stderr or b"").decode(errors="replace") if isinstance(error.stderr, bytes) else (error.stderr or "")
-        timed_out = True
+    with log_file.open("w") as log_out:
+        try:
+            subprocess.run([sys.executable, "-m", "support.programs.train_rl_run", str(out), "--config", config, *flags],
+                           env=env, cwd=tmp_path, stdout=log_out, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    log = log_file.read_text(errors="replace")
     assert out.is_file(), f"train_rl_run.py wrote no result{f' in {TIMEOUT} s' if timed_out else ''}:\n{log[-8000:]}"
     result = json.loads(out.read_text())
     result["log"] = log

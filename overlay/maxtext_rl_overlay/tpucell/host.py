@@ -333,7 +333,10 @@ class Cell:
             # The overlay's runs (MRL_QUICK=1; -k to choose a configuration), MaxText's train_rl on the chips:
             # the tiny shape's two steps, or (train-rl-user) a user's shape, each step explained.
             marker = "tpu_cell and user_shape" if name == "train-rl-user" else "tpu_cell and not user_shape"
-            return self.pytest(name, [TRAIN_RL_TESTS], cell | {"MRL_QUICK": "1", "MRL_MAXTEXT": "1", "JAX_PLATFORMS": "cpu"},
+            # Each run's record and log in the report (MRL_RUN_RECORDS): a run the step's bound kills keeps them.
+            records = self.report_dir / "steps" / f"{self.label(name)}-runs"
+            return self.pytest(name, [TRAIN_RL_TESTS], cell | {"MRL_QUICK": "1", "MRL_MAXTEXT": "1", "JAX_PLATFORMS": "cpu",
+                                                               "MRL_RUN_RECORDS": str(records)},
                                "-m", marker, *passthrough)
         if name == "upstream":
             return self.pytest(name, [f"upstream/{p}" for p in self.facts["upstream_tests"]], {}, "--rootdir", "upstream", *passthrough)
