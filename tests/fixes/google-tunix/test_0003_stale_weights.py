@@ -189,7 +189,7 @@ def test_the_rollouts_sync_requires_every_weight(stale_case):
 
 # -- the sync with mappings (vllm_native): its mechanism on a small state -----
 #
-# The real one: tests/fixes/test_families_vllm_native.py (MaxText's Qwen
+# The real one: tests/fixes/test_families.py (MaxText's Qwen
 # mapping names the LM head `model.lm_head`, tpu-inference's untied Qwen3
 # holds `lm_head.weight`; full matrix).
 

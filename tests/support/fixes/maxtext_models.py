@@ -137,6 +137,11 @@ _ENGINE = dict(base_emb_dim=128, base_num_query_heads=8, base_num_kv_heads=8, he
 _HF_ENGINE = dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=8, head_dim=128, intermediate_size=256,
                   vocab_size=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=512)
 
+def _in_vllm(name: str, vllm: VllmModel) -> Family:
+    """FAMILIES[name], the same actor (the engine's dims over its own), with vLLM's own model for it."""
+    return dataclasses.replace(FAMILIES[name], vllm=vllm)
+
+
 #: The families as train_rl's `vllm_native` runs them (support/programs/family_sync.py):
 #: each with vLLM's own model for it (VllmModel), at the dims an engine of 8
 #: devices takes (heads of 128 unless the family's own differ, vocabulary
@@ -144,12 +149,8 @@ _HF_ENGINE = dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=8,
 #: paths there (qwen3-0.6b: MaxText refuses; other qwen3-*: tied or not).
 #: FAMILIES above are the same families at the direct sync's tiny dims.
 VLLM_FAMILIES = {
-    # llama3.1-8b shrunk to 4 layers: the target's layers share the decoder's nnx.Rngs.
-    "llama3": Family("llama3", "llama3.1-8b", 4, vllm=VllmModel(
-        _ENGINE, _HF_ENGINE | {"architectures": ["LlamaForCausalLM"]})),
-    # gemma3-4b's pattern of 6 layers (5 local, 1 global) shrunk to 14 layers:
-    # two scanned repeats of the pattern plus 2 remainder layers.
-    "gemma3": Family("gemma3", "gemma3-4b", 14, vllm=VllmModel(
+    "llama3": _in_vllm("llama3", VllmModel(_ENGINE, _HF_ENGINE | {"architectures": ["LlamaForCausalLM"]})),
+    "gemma3": _in_vllm("gemma3", VllmModel(
         _ENGINE | {"base_num_kv_heads": 4},
         _HF_ENGINE | {"architectures": ["Gemma3ForCausalLM"], "num_key_value_heads": 4, "query_pre_attn_scalar": 128,
                       # MaxText's gemma3-4b: global layers 1e6 with linear scaling 8, local 1e4
@@ -157,9 +158,7 @@ VLLM_FAMILIES = {
                                           "full_attention": {"rope_type": "linear", "factor": 8.0,
                                                              "rope_theta": 1000000.0}}},
         text_config=True)),
-    # qwen3-30b-a3b (MoE) shrunk to 4 layers of 4 experts, dense matmuls on CPU.
-    "qwen3-moe": Family("qwen3-moe", "qwen3-30b-a3b", 4, dict(
-        num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=64, **_CPU_MOE), vllm=VllmModel(
+    "qwen3-moe": _in_vllm("qwen3-moe", VllmModel(
         _ENGINE | {"base_num_kv_heads": 4, "base_moe_mlp_dim": 128},
         _HF_ENGINE | {"architectures": ["Qwen3MoeForCausalLM"], "num_key_value_heads": 4, "moe_intermediate_size": 128,
                       "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2})),
@@ -177,9 +176,8 @@ VLLM_FAMILIES = {
     # qwen3-0.6b, MaxText's RL test's model: tied (its converter table is None).
     "qwen3-0.6b": Family("qwen3-0.6b", "qwen3-0.6b", 2, vllm=VllmModel(
         _ENGINE, _HF_ENGINE | {"architectures": ["Qwen3ForCausalLM"]}, embedding_scale=0.25)),
-    # gpt-oss-20b: 4 layers (two scanned repeats of its cycle of 2), 4 experts,
-    # its own heads of 64 (16 query, 8 KV), attention sinks and biases.
-    "gpt-oss": Family("gpt-oss", "gpt-oss-20b", 4, dict(num_experts=4, num_experts_per_tok=2, **_CPU_MOE), vllm=VllmModel(
+    # gpt-oss-20b: its own heads of 64 (16 query, 8 KV), attention sinks and biases.
+    "gpt-oss": _in_vllm("gpt-oss", VllmModel(
         _ENGINE | {"base_num_query_heads": 16, "head_dim": 64, "base_mlp_dim": 128, "base_moe_mlp_dim": 128},
         _HF_ENGINE | {"architectures": ["GptOssForCausalLM"], "num_attention_heads": 16, "head_dim": 64,
                       "intermediate_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2,

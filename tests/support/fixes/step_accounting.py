@@ -109,12 +109,10 @@ def memory() -> dict[str, Any]:
         keys = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "largest_alloc_size")
         return {"source": "device.memory_stats()",
                 "devices": [{k: s.get(k) for k in keys if k in s} for s in stats]}
-    per: dict[Any, int] = {}
-    for array in jax.live_arrays():
-        for shard in array.addressable_shards:
-            per[shard.data.device] = per.get(shard.data.device, 0) + shard.data.nbytes
+    from support.fixes.train_rl_stand_ins import live_bytes
+
     return {"source": f"jax.live_arrays() (the {devices[0].platform} backend reports no memory statistics: no peak, no limit)",
-            "devices": [{"bytes_in_use": per.get(d, 0)} for d in devices]}
+            "devices": [{"bytes_in_use": used} for used in live_bytes(devices)]}
 
 
 def gib(n: float | None) -> str:

@@ -266,26 +266,35 @@ _USER_REPLACES = ("model_name", "batch_size", "num_batches", "rl.num_generations
                   "max_target_length", "kv_cache_buffer", "learning_rate", "hbm_utilization_vllm", "override_model_config")
 
 
-def argv_for(config: str, work: pathlib.Path, inputs: dict) -> list[str]:
+#: train_rl's hbm_utilization_vllm in these runs.
+HBM_UTILIZATION = 0.4
+
+
+def base_argv(model_name: str, work: pathlib.Path, inputs: dict, batches: int) -> list[str]:
+    """MaxText's integration test's base argv for train_rl (rl.yml, the
+    model's name, `batches` GRPO steps of one prompt, the rollout's
+    parallelism over the chips)."""
     rl_yml = _maxtext_package() / "configs" / "post_train" / "rl.yml"
     return [
         "train_rl.py", str(rl_yml),
-        # MaxText's test's base argv ...
-        f"model_name={CONFIGS[config]['model_name']}",
+        f"model_name={model_name}",
         f"tokenizer_path={inputs['tokenizer']}",
         f"base_output_directory={work / 'out'}",
         "batch_size=1",
-        "num_batches=2",  # two GRPO steps (MaxText's test: batch_size=4, num_batches=1)
+        f"num_batches={batches}",
         "num_test_batches=1",
         f"chips_per_vm={CHIPS}",
         "scan_layers=True",
-        "hbm_utilization_vllm=0.4",
+        f"hbm_utilization_vllm={HBM_UTILIZATION}",
         "rollout_data_parallelism=1",
         "rollout_tensor_parallelism=-1",
         "rl.num_generations=2",
-        # ... with what replaces its downloads: a tiny randomly initialised
-        # model (no checkpoint, no conversion), local data files, ...
-        *MAXTEXT_TINY_ARGS,
+    ]
+
+
+def data_argv(inputs: dict) -> list[str]:
+    """What replaces the test's downloads: no checkpoint conversion, the local data and reward files."""
+    return [
         "convert_checkpoint_if_possible=False",
         "dataset_name=openai/gsm8k",
         "eval_dataset_name=openai/gsm8k",
@@ -293,6 +302,17 @@ def argv_for(config: str, work: pathlib.Path, inputs: dict) -> list[str]:
         f"hf_eval_files={inputs['test']}",
         f"reward_functions_path={inputs['rewards']}",
         "reward_functions=digit_share",
+    ]
+
+
+def argv_for(config: str, work: pathlib.Path, inputs: dict) -> list[str]:
+    return [
+        # MaxText's test's base argv (two GRPO steps; its test: batch_size=4, num_batches=1) ...
+        *base_argv(CONFIGS[config]["model_name"], work, inputs, batches=2),
+        # ... with what replaces its downloads: a tiny randomly initialised
+        # model (no checkpoint, no conversion), local data files, ...
+        *MAXTEXT_TINY_ARGS,
+        *data_argv(inputs),
         # ... and lengths that fit the tiny model and the CPU.
         "max_prefill_predict_length=128",
         "max_target_length=144",

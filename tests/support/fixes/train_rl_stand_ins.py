@@ -15,21 +15,28 @@ from support.fixes.matrix import PLATFORM
 HBM_STAND_IN = 16 << 20
 
 
+def live_bytes(devices) -> list[int]:
+    """The bytes jax's live arrays hold on each of `devices` (what a CPU
+    device, which keeps no memory statistics, has in use)."""
+    import jax
+
+    used: dict = {}
+    for array in jax.live_arrays():
+        for shard in array.addressable_shards:
+            used[shard.data.device] = used.get(shard.data.device, 0) + shard.data.nbytes
+    return [used.get(d, 0) for d in devices]
+
+
 def cpu_stand_ins(recorded: list[str], replaced: set[str]) -> None:
     """What the CPU lacks, stood in for (never on a TPU): each stand-in is
     appended to `recorded` as it is installed, and the names it replaces are
     added to `replaced`, which the replaced-functions check reports apart."""
     if PLATFORM != "cpu":
         return
-    import jax
     import tpu_inference.utils as tpu_utils
 
     def hbm_usage_bytes(devices):
-        used: dict = {}
-        for array in jax.live_arrays():
-            for shard in array.addressable_shards:
-                used[shard.data.device] = used.get(shard.data.device, 0) + shard.data.nbytes
-        return [(used.get(d, 0), HBM_STAND_IN) for d in devices]
+        return [(used, HBM_STAND_IN) for used in live_bytes(devices)]
 
     tpu_utils.hbm_usage_bytes = hbm_usage_bytes
     replaced.add("tpu_inference.utils.hbm_usage_bytes")

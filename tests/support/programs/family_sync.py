@@ -100,7 +100,8 @@ import time
 from typing import Any
 
 from support.fixes import maxtext_models, train_rl_inputs, unpatched
-from support.fixes.matrix import CHIPS, simulate_v6e_8
+from support.fixes.matrix import simulate_v6e_8
+from support.fixes.train_rl_stand_ins import live_bytes
 from support.programs import train_rl_run
 
 
@@ -141,7 +142,7 @@ CONFIGURATIONS = {
 PROMPTS = [[1, 5, 7, 9, 11, 13], [1, 600, 31, 415, 77, 260, 8, 512, 900, 3, 64]]
 TOKENS = 8
 #: train_rl's hbm_utilization_vllm here (train_rl_run's).
-HBM_UTILIZATION = 0.4
+HBM_UTILIZATION = train_rl_inputs.HBM_UTILIZATION
 #: The actor's parameters are moved by this times N(0, 1) before the sync (see the docstring).
 MOVE = 0.01
 #: The run's process environment: train_rl_run's (as MaxText's integration test sets it).
@@ -149,18 +150,12 @@ PROCESS_ENV = train_rl_run.PROCESS_ENV
 
 
 class Run(train_rl_run.Run):
-    """RESULT.json, written again (whole: a reader never sees half of it) at
-    each step's start and end (train_rl_run's `step`)."""
+    """train_rl_run's RESULT.json (its `step`, its whole writes), headed by this run's arguments."""
 
     def __init__(self, out: pathlib.Path, **head: Any):  # noqa: D107 - the parent's reads train_rl_run's arguments
         self.out = out
         self.result: dict[str, Any] = {**head, "steps": [], "seconds": {}, "stand_ins": []}
         self.stood_in: set[str] = set()  # what the CPU stand-ins replace (train_rl_run.import_maxtext adds to it)
-
-    def write(self) -> None:
-        part = self.out.with_name(self.out.name + ".part")
-        part.write_text(json.dumps(self.result, indent=1, default=str))
-        os.replace(part, self.out)
 
 
 # -- the family's inputs ---------------------------------------------------------
@@ -191,28 +186,14 @@ def maxtext_dims(family: maxtext_models.Family) -> dict[str, Any]:
 
 def argv_for(family: maxtext_models.Family, configuration: Configuration, work: pathlib.Path, inputs: dict) -> list[str]:
     """train_rl's argv (train_rl_run's, train_rl_inputs.argv_for) for the family's tiny model."""
-    rl_yml = train_rl_inputs._maxtext_package() / "configs" / "post_train" / "rl.yml"
     assert family.vllm is not None
     dims = [f"{k}={v}" for k, v in maxtext_dims(family).items()]
     return [
-        "train_rl.py", str(rl_yml),
-        f"model_name={family.model_name}",
-        f"tokenizer_path={inputs['tokenizer']}",
-        f"base_output_directory={work / 'out'}",
-        "batch_size=1", "num_batches=1", "num_test_batches=1",
-        f"chips_per_vm={CHIPS}",
-        "scan_layers=True",
-        f"hbm_utilization_vllm={HBM_UTILIZATION}",
-        "rollout_data_parallelism=1",
-        "rollout_tensor_parallelism=-1",
-        "rl.num_generations=2",
+        *train_rl_inputs.base_argv(family.model_name, work, inputs, batches=1),
         "override_model_config=True", *dims,
         # the family's dtype (VllmModel.dtype: float32 but where the engine's model cannot)
         f"weight_dtype={family.vllm.dtype}", f"dtype={family.vllm.dtype}",
-        "convert_checkpoint_if_possible=False",
-        "dataset_name=openai/gsm8k", "eval_dataset_name=openai/gsm8k",
-        f"hf_train_files={inputs['train']}", f"hf_eval_files={inputs['test']}",
-        f"reward_functions_path={inputs['rewards']}", "reward_functions=digit_share",
+        *train_rl_inputs.data_argv(inputs),
         "max_prefill_predict_length=32", "max_target_length=48", "kv_cache_buffer=16",
         "use_pathways=False", "enable_checkpointing=False",
         f"run_name=family_sync_{family.name}",
@@ -636,18 +617,13 @@ def memory_stand_in(run: Run) -> None:
     the engine's on the same 8 devices, vLLM's torch models' rotary tables
     replicated on each) gets the same small cache: the interpreted attention
     kernel's cost grows with it. Replaces train_rl_stand_ins' fixed 16 MiB."""
-    import jax
     import tpu_inference.utils as tpu_utils
 
     if not run.result["stand_ins"]:
         return  # not the CPU simulation
 
     def hbm_usage_bytes(devices: Any) -> list[tuple[int, int]]:
-        used: dict[Any, int] = {}
-        for array in jax.live_arrays():
-            for shard in array.addressable_shards:
-                used[shard.data.device] = used.get(shard.data.device, 0) + shard.data.nbytes
-        return [(used.get(d, 0), int((used.get(d, 0) + KV_CACHE_STAND_IN) / HBM_UTILIZATION)) for d in devices]
+        return [(used, int((used + KV_CACHE_STAND_IN) / HBM_UTILIZATION)) for used in live_bytes(devices)]
 
     tpu_utils.hbm_usage_bytes = hbm_usage_bytes
     run.result["stand_ins"].append(f"tpu_inference.utils.hbm_usage_bytes: live arrays, against the live arrays plus "

@@ -125,8 +125,9 @@ PROBE = [1, 17, 33, 49, 65, 81, 97, 113, 129, 145, 161, 177]  # token ids, any f
 
 
 class Run:
-    """RESULT.json, written again at each step's start and end, so that a
-    run killed past its bound still says which step it was in."""
+    """RESULT.json, written again (whole: a reader never sees half of it) at
+    each step's start and end, so that a run killed past its bound still
+    says which step it was in."""
 
     def __init__(self, out: pathlib.Path, args: argparse.Namespace):
         self.out = out
@@ -137,7 +138,9 @@ class Run:
         self.stood_in: set[str] = set()
 
     def write(self) -> None:
-        self.out.write_text(json.dumps(self.result, indent=1, default=str))
+        part = self.out.with_name(self.out.name + ".part")
+        part.write_text(json.dumps(self.result, indent=1, default=str))
+        os.replace(part, self.out)
 
     @contextlib.contextmanager
     def step(self, name: str):
