@@ -36,7 +36,6 @@ def _counts(entry: dict) -> tuple[int, list[str]]:
 
 
 def test_each_compile_lands_in_the_phase_of_its_thread():
-    import jax
     import jax.numpy as jnp
 
     x = jnp.arange(8.0).block_until_ready()  # its own program, before the count
@@ -60,7 +59,7 @@ def test_each_compile_lands_in_the_phase_of_its_thread():
         compiles.finished = True
         _compiled("after_the_steps", x)
     finally:
-        jax.monitoring.unregister_event_duration_listener(compiles._event)
+        compiles.uninstall()
     result = compiles.result()
     step = result["steps"][0]
     assert _counts(step["actor_update"]) == (1, ["jit(in_the_update)"]), step
@@ -69,6 +68,39 @@ def test_each_compile_lands_in_the_phase_of_its_thread():
     assert "weight_sync" not in step, step
     assert _counts(result["setup"]) == (1, ["jit(before_the_steps)"]), result["setup"]
     assert _counts(result["after"]) == (1, ["jit(after_the_steps)"]), result["after"]
+
+
+def test_each_garbage_collection_lands_in_the_phase_of_its_thread():
+    """Python's full collections (Tunix's sync_weights runs one every step)
+    are host time no device trace shows: each is timed and put in the phase
+    of the thread that ran it, as a compile is."""
+    import gc
+
+    garbage = [[i] for i in range(200_000)]  # enough objects that a full collection takes over a millisecond
+    compiles = step_accounting.Compiles()
+    compiles.install()
+    try:
+        compiles.step = 0
+
+        def rollout():
+            with compiles.phase(0, "rollout"):
+                gc.collect()
+
+        worker = threading.Thread(target=rollout)
+        with compiles.phase(0, "weight_sync"):  # the main thread's phase does not reach the worker's collection
+            worker.start()
+            worker.join()
+        with compiles.phase(0, "actor_update"):
+            gc.collect()
+    finally:
+        compiles.uninstall()
+    del garbage
+    step = compiles.collections["steps"][0]
+    for phase in ("rollout", "actor_update"):
+        full = [s for name, s in step[phase]["programs"] if name == "generation 2"]
+        assert full and step[phase]["seconds"] >= sum(full) > 0, step
+    assert not [p for p in step.get("weight_sync", {}).get("programs", []) if p[0] == "generation 2"], step
+    assert compiles._collection not in gc.callbacks
 
 
 def test_the_traces_busy_time_lands_in_the_window_the_program_ran_in():

@@ -47,8 +47,8 @@ import sys
 import pytest
 
 from support import TESTS
-from support.fixes import maxtext_shims, unpatched
-from support.fixes.matrix import PLATFORM
+from support.fixes import unpatched
+from support.fixes.matrix import MAXTEXT_SHIMS, PLATFORM
 from support.fixes.meshes import WSC_ASSERT
 
 #: One train_rl run's bound: 4-6 min on 2 idle cores, 31 min seen at a load
@@ -67,7 +67,7 @@ CONFIGS = ("vllm_native", "maxtext_on_vllm")
 #: The TPU cell runs the marked tests on its host's chips (one included): the
 #: run's own process opens them, as a user's train_rl does.
 cell = pytest.mark.tpu_cell
-SHIMS = maxtext_shims.GLOBAL  # the maxtext-shims run of the cell: MaxText's shims on
+SHIMS = MAXTEXT_SHIMS  # the maxtext-shims run of the cell: MaxText's shims on
 QUICK = os.environ.get("MRL_QUICK") == "1"
 
 
@@ -418,7 +418,7 @@ def test_train_rl_at_a_users_shape(user_shape_run, record_property):
     print(table)
     record_property("explanation", table)
     record_property("result", json.dumps({k: result.get(k) for k in (
-        "argv", "grpo_step_seconds", "phase_seconds", "compiles", "memory", "held", "device_time", "rollout_tokens",
+        "argv", "grpo_step_seconds", "phase_seconds", "compiles", "gc", "memory", "held", "device_time", "rollout_tokens",
         "engine_alone", "matmul_rate", "model_flops")}, default=str)[:60000])
     checks = result["checks"]
     assert result.get("finished"), describe(result)
@@ -447,18 +447,22 @@ def explanation(result) -> str:
     lines = [f"{result['config']} at a user's shape ({result.get('dims')} dims)"]
     phases = result.get("phase_seconds") or []
     compiles = (result.get("compiles") or {}).get("steps") or []
+    collections = (result.get("gc") or {}).get("steps") or []
     traced = ((result.get("device_time") or {}).get("steps")) or {}
     names = ("rollout", "logprobs", "actor_update", "weight_sync", "other")
-    lines.append("step  " + "  ".join(f"{n:>28}" for n in names) + "   (wall s [compiles: n, s] {device busy s})")
+    lines.append("step  " + "  ".join(f"{n:>34}" for n in names)
+                 + "   (wall s [compiles: n, s] (Python's gc s, where 0.01 or more) {device busy s})")
     for i, step in enumerate(phases):
         cells = []
         for n in names:
             c = (compiles[i] if i < len(compiles) else {}).get(n)
+            g = (collections[i] if i < len(collections) else {}).get(n)
             d = (traced.get(str(i + 1)) or {}).get(n)
             busy = max(d["device_s"].values()) if d and d.get("device_s") else None  # the busiest device
             cells.append(f"{step.get(n, 0):7.2f}" + (f" [{c['count']}, {c['seconds']:.1f}]" if c else " [0]")
+                         + (f" ({g['seconds']:.2f})" if g and g["seconds"] >= 0.01 else "")
                          + (f" {{{busy:.3f}}}" if busy is not None else ""))
-        lines.append(f"{i + 1:>4}  " + "  ".join(f"{c:>28}" for c in cells))
+        lines.append(f"{i + 1:>4}  " + "  ".join(f"{c:>34}" for c in cells))
     for m in result.get("memory") or []:
         devices = m.get("devices") or [{}]
         lines.append(f"memory {m['at']}: in use {gib(sum(d.get('bytes_in_use') or 0 for d in devices))}"

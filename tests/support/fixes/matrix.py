@@ -26,6 +26,11 @@ PLATFORM = os.environ.get("MRL_PLATFORM", "cpu")
 #: counts first and names in MRL_TPU_CHIPS: the suite's own process must not
 #: open the chips to count them, or the engines smoke starts could not.
 TPU_CELL = PLATFORM == "tpu" and "MRL_TPU_CHIPS" in os.environ
+#: The matrix's maxtext-shims run: MaxText's own run-time replacements kept
+#: for the whole session (support/fixes/maxtext_shims.py applies them; read
+#: here so that a test that only needs to know, test_train_rl, does not
+#: import MaxText to collect: 66 s on the TPU cell's host).
+MAXTEXT_SHIMS = os.environ.get("MRL_MAXTEXT_SHIMS") == "1"
 #: The chips this run's engines start on.
 CHIPS = int(os.environ["MRL_TPU_CHIPS"]) if TPU_CELL else DEVICES
 

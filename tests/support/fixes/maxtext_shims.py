@@ -33,15 +33,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import os
 from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import pytest
 
+from support.fixes.matrix import MAXTEXT_SHIMS
+
 #: The session keeps the adapter's replacements for all its tests.
-GLOBAL = os.environ.get("MRL_MAXTEXT_SHIMS") == "1"
+GLOBAL = MAXTEXT_SHIMS
 
 
 def _import_real(name: str):

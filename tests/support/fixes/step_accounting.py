@@ -15,6 +15,11 @@ What each measure is, and where it cannot be had:
   put in the phase its thread was in (rollout and logprobs run in Tunix's
   executor thread, the actor update and the sync in the main one), with the
   program's name; outside every phase: "other".
+- garbage collections: Python's own (gc.callbacks), timed from start to
+  stop and put in a phase the same way: host time that no device trace
+  shows (Tunix's sync_weights runs a full gc.collect() every step). One in a
+  thread in no phase (the engine's own threads) is the step's "other" though
+  it overlaps the phases' wall: it holds the interpreter's lock meanwhile.
 - memory: each device's `memory_stats()` (bytes_in_use, peak_bytes_in_use,
   bytes_limit) where the backend gives them (a TPU); where it gives none (the
   CPU) the bytes of jax's live arrays, summed (no peak, no limit: said).
@@ -32,6 +37,7 @@ What each measure is, and where it cannot be had:
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
 import os
 import tempfile
@@ -47,40 +53,67 @@ class Compiles:
     """The programs compiled, by GRPO step and phase: `current` maps a thread
     to the (step, phase) it is in; a compile in a thread in none is the
     running step's "other", before the first step "setup", after the last
-    "after" (the run sets `step`, 0-based, and `finished`)."""
+    "after" (the run sets `step`, 0-based, and `finished`). Python's garbage
+    collections are kept the same way, by the same phases, in `collections`."""
 
     def __init__(self) -> None:
         self.by_step: list[dict[str, dict[str, Any]]] = []
-        self.setup: dict[str, Any] = {"count": 0, "seconds": 0.0, "programs": []}
-        self.after: dict[str, Any] = {"count": 0, "seconds": 0.0, "programs": []}
+        self.setup: dict[str, Any] = _entry()
+        self.after: dict[str, Any] = _entry()
+        self.collections: dict[str, Any] = {"setup": _entry(), "steps": [], "after": _entry()}
         self.current: dict[int, tuple[int, str]] = {}
         self.step = -1  # the GRPO step now running (0-based); -1 before the first
         self.finished = False
-        self._lock = threading.Lock()
+        self._collecting: dict[int, float] = {}  # thread -> when its collection began
+        # Reentrant: a collection can start inside _add, in the thread holding the lock.
+        self._lock = threading.RLock()
 
     def install(self) -> None:
         import jax
 
         jax.monitoring.register_event_duration_secs_listener(self._event)
+        gc.callbacks.append(self._collection)
+
+    def uninstall(self) -> None:
+        import jax
+
+        jax.monitoring.unregister_event_duration_listener(self._event)
+        if self._collection in gc.callbacks:
+            gc.callbacks.remove(self._collection)
 
     def _event(self, event: str, seconds: float, **kwargs: Any) -> None:
-        if event != COMPILE_EVENT:
+        if event == COMPILE_EVENT:
+            self._add(self.setup, self.by_step, self.after, str(kwargs.get("fun_name")), seconds)
+
+    def _collection(self, stage: str, info: dict[str, Any]) -> None:
+        ident = threading.get_ident()
+        if stage == "start":
+            self._collecting[ident] = time.perf_counter()
             return
+        began = self._collecting.pop(ident, None)
+        if began is not None:
+            seconds = time.perf_counter() - began
+            c = self.collections
+            # Only the collections worth naming (a young generation's take microseconds, thousands a step).
+            self._add(c["setup"], c["steps"], c["after"], f"generation {info.get('generation')}", seconds,
+                      named=seconds >= 0.001)
+
+    def _add(self, setup: dict, by_step: list, after: dict, name: str, seconds: float, named: bool = True) -> None:
         where = self.current.get(threading.get_ident())
         with self._lock:
             if where is None and self.step < 0:
-                entry = self.setup
+                entry = setup
             elif where is None and self.finished:
-                entry = self.after
+                entry = after
             else:
                 step, phase = where if where is not None else (self.step, "other")
-                while len(self.by_step) <= step:
-                    self.by_step.append({})
-                entry = self.by_step[step].setdefault(phase, {"count": 0, "seconds": 0.0, "programs": []})
+                while len(by_step) <= step:
+                    by_step.append({})
+                entry = by_step[step].setdefault(phase, _entry())
             entry["count"] += 1
             entry["seconds"] = round(entry["seconds"] + seconds, 3)
-            if len(entry["programs"]) < 40:
-                entry["programs"].append([str(kwargs.get("fun_name")), round(seconds, 3)])
+            if named and len(entry["programs"]) < 40:
+                entry["programs"].append([name, round(seconds, 3)])
 
     @contextlib.contextmanager
     def phase(self, step: int, phase: str):
@@ -97,6 +130,10 @@ class Compiles:
 
     def result(self) -> dict[str, Any]:
         return {"setup": self.setup, "steps": self.by_step, "after": self.after}
+
+
+def _entry() -> dict[str, Any]:
+    return {"count": 0, "seconds": 0.0, "programs": []}
 
 
 def memory() -> dict[str, Any]:

@@ -271,7 +271,7 @@ class PhaseTimes:
 
 class Accounting:
     """The user shape's account of each GRPO step (step_accounting.py): the
-    compiles by phase, the memory after each step, the rollout's tokens and
+    compiles and Python's garbage collections by phase, the memory after each step, the rollout's tokens and
     the profiler trace of the steps asked for."""
 
     def __init__(self, run: Run, trace: tuple[int, int] | None) -> None:
@@ -288,6 +288,7 @@ class Accounting:
     def snapshot(self, label: str) -> None:
         self.memory.append({"at": label, **step_accounting.memory()})
         self.run.result["compiles"] = self.compiles.result()
+        self.run.result["gc"] = self.compiles.collections
         self.run.write()
 
     def rollout_tokens(self, step: int, output: Any) -> None:
