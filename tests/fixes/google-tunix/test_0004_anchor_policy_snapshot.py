@@ -23,6 +23,8 @@ train_rl.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from support.fixes import unpatched
@@ -47,7 +49,6 @@ def _train(monkeypatch, *, use_rollout_logps: bool, snapshot: bool | None = None
     """One GRPO run of STEPS steps: the snapshots taken at its syncs, the
     actor's logprobs asked of the trainer, its syncs, and the trained actor's
     parameters. `snapshot` sets the engine's flag after the learner is made."""
-    import grain
     import jax
     import numpy as np
     import optax
@@ -93,7 +94,7 @@ def _train(monkeypatch, *, use_rollout_logps: bool, snapshot: bool | None = None
     if snapshot is not None:
         engine.snapshot_anchor_policy = snapshot
 
-    seen = {"snapshots": 0, "actor_logps": 0, "syncs": 0}
+    seen: dict[str, Any] = {"snapshots": 0, "actor_logps": 0, "syncs": 0}
     put = rl_engine_lib.rl_utils.put_params_on_memory_kind
 
     def counted_put(params, memory_kind):
@@ -114,7 +115,7 @@ def _train(monkeypatch, *, use_rollout_logps: bool, snapshot: bool | None = None
 
         monkeypatch.setattr(engine, name, counted)
     prompts = ["input string", "hello world", "My name", "hello there"]
-    data = grain.MapDataset.source(prompts * STEPS).batch(1).map(lambda x: {"prompts": x, "answer": x})
+    data = [{"prompts": np.array([p]), "answer": np.array([p])} for p in prompts * STEPS]  # batches of one
     learner.train(data, None)
     seen["flag"] = engine.snapshot_anchor_policy
     seen["anchor_held"] = engine._anchor_policy_state is not None
