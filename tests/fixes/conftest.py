@@ -7,12 +7,11 @@ imported, hence here; "tpu" uses the real chips, and the session stops at once
 unless it sees a v6e-8.
 """
 
-import os
 
 import pytest
 
 # The suite's helpers are the support.fixes package (tests/support/fixes).
-from support.fixes.matrix import CHIPS, DEVICES, PLATFORM, TPU_CELL, simulate_v6e_8
+from support.fixes.matrix import CHIPS, DEVICES, MAXTEXT_SHIMS, PLATFORM, TPU_CELL, simulate_v6e_8
 
 if PLATFORM not in ("cpu", "tpu"):
     raise pytest.UsageError(f"MRL_PLATFORM must be cpu or tpu, not {PLATFORM!r}")
@@ -23,7 +22,7 @@ def pytest_configure(config):
     # The MaxText cell's second run: MaxText's module-level shims replace
     # jax.lax functions for the whole process, as importing its Tunix adapter
     # does in a train_rl run. Installed now, before any test module imports.
-    if os.environ.get("MRL_MAXTEXT_SHIMS") == "1":
+    if MAXTEXT_SHIMS:
         from support.fixes import maxtext_shims
 
         if maxtext_shims.ADAPTER is None:

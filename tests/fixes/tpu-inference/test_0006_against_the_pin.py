@@ -61,7 +61,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from support.fixes.matrix import CHIPS, DEVICES
+from support.fixes.matrix import CHIPS, DEVICES, MAXTEXT_SHIMS
 from support.fixes.runner import overlay_sampler, upstream_sampler
 
 #: The TPU cell runs it on its host's chips too, however many (one v5e included).
@@ -448,7 +448,7 @@ def run_example(ex: Example, pin_side: Side, our_side: Side, seen: Seen) -> None
 @pytest.mark.timeout(300 if QUICK else 1800)
 @pytest.mark.parametrize("variant", variants(), ids=lambda v: v.id)
 def test_overlay_is_the_pins_sampler(pin, ours, variant, record_property):
-    if QUICK and os.environ.get("MRL_MAXTEXT_SHIMS") == "1":
+    if QUICK and MAXTEXT_SHIMS:
         pytest.skip("the quick matrix runs this property in py312: MaxText's session-wide shims only catch exceptions, "
                     "which neither sampler raises here (the pin runs on Auto axes); the full matrix runs it under them too")
     if variant.axes == "explicit" and not hasattr(jax.sharding, "reshard"):
