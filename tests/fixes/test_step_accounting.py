@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from support.fixes import step_accounting
 
 
@@ -81,8 +83,10 @@ def test_each_garbage_collection_lands_in_the_phase_of_its_thread():
     compiles.install()
     try:
         compiles.step = 0
+        threads = {}
 
         def rollout():
+            threads["worker"] = threading.get_ident()
             with compiles.phase(0, "rollout"):
                 gc.collect()
 
@@ -100,6 +104,9 @@ def test_each_garbage_collection_lands_in_the_phase_of_its_thread():
         full = [s for name, s in step[phase]["programs"] if name == "generation 2"]
         assert full and step[phase]["seconds"] >= sum(full) > 0, step
     assert not [p for p in step.get("weight_sync", {}).get("programs", []) if p[0] == "generation 2"], step
+    # Also summed by thread, whatever the phase (the run reads it around a call within one).
+    assert compiles.collected[threads["worker"]] == pytest.approx(step["rollout"]["seconds"], abs=2e-3), compiles.collected
+    assert compiles.collected[threading.get_ident()] >= step["actor_update"]["seconds"] - 1e-3, compiles.collected
     assert compiles._collection not in gc.callbacks
 
 

@@ -418,7 +418,7 @@ def test_train_rl_at_a_users_shape(user_shape_run, record_property):
     print(table)
     record_property("explanation", table)
     record_property("result", json.dumps({k: result.get(k) for k in (
-        "argv", "grpo_step_seconds", "phase_seconds", "compiles", "gc", "memory", "held", "device_time", "rollout_tokens",
+        "argv", "grpo_step_seconds", "phase_seconds", "sync_parts", "compiles", "gc", "memory", "held", "device_time", "rollout_tokens",
         "engine_alone", "matmul_rate", "model_flops")}, default=str)[:60000])
     checks = result["checks"]
     assert result.get("finished"), describe(result)
@@ -433,8 +433,40 @@ def test_train_rl_at_a_users_shape(user_shape_run, record_property):
     assert len(compiles) >= result["global_steps"] and compiles[0].get("actor_update", {}).get("count", 0) >= 1, compiles
     assert len([m for m in result["memory"] if m["at"].startswith("after GRPO step")]) == result["global_steps"], result["memory"]
     assert result["rollout_tokens"] and all(t > 0 for t in result["rollout_tokens"]), result["rollout_tokens"]
+    # Each sync's parts were timed inside it: the engine's update (and the
+    # collections within it), its KV cache freed and allocated again.
+    assert len(result["sync_parts"]) == len(phases) and all(
+        set(p) == {"update_params", "update_params_gc", "delete_kv_cache", "reinitialize_kv_cache"}
+        for p in result["sync_parts"]), result["sync_parts"]
     assert result["engine_alone"]["tokens_per_s"] > 0 and result["matmul_rate"]["flop_per_s"] > 0, describe(result)
     assert "error" not in (result.get("device_time") or {}), result.get("device_time")
+
+
+def sync_parts(result, steady: list[int]) -> list[str]:
+    """The weight sync's steady mean split into its measured parts: the
+    rollout's update_params (within it: the engine's KV cache freed and
+    allocated again, Python's collections, the transfer and the rest),
+    Python's collections outside it, and the rest (RLCluster's own: the state
+    walked, the anchor's snapshot where one is taken)."""
+    phases, parts = result.get("phase_seconds") or [], result.get("sync_parts") or []
+    collections = (result.get("gc") or {}).get("steps") or []
+    steady = [i for i in steady if i < len(parts) and i < len(phases)]
+    if not steady or not any(parts[i] for i in steady):
+        return []
+
+    def mean(values) -> float:
+        return sum(values) / len(steady)
+
+    sync = mean(phases[i].get("weight_sync", 0.0) for i in steady)
+    update = mean(parts[i].get("update_params", 0.0) for i in steady)
+    inner = {name: mean(parts[i].get(name, 0.0) for i in steady)
+             for name in ("delete_kv_cache", "reinitialize_kv_cache", "update_params_gc")}
+    gc_s = mean(((collections[i] if i < len(collections) else {}).get("weight_sync") or {}).get("seconds", 0.0) for i in steady)
+    outer_gc = gc_s - inner["update_params_gc"]
+    return [f"weight sync (steps {steady[0] + 1}-{steady[-1] + 1}, mean): {sync:.3f} s = the rollout's update_params "
+            f"{update:.3f} (of it: " + ", ".join(f"{k} {v:.3f}" for k, v in inner.items())
+            + f", the transfer and the rest {update - sum(inner.values()):.3f}) + Python's gc outside it {outer_gc:.3f}"
+            f" + the rest of RLCluster's sync {sync - update - outer_gc:.3f}"]
 
 
 def explanation(result) -> str:
@@ -475,6 +507,7 @@ def explanation(result) -> str:
                      + f"; optimizer state by dtype {held.get('optimizer_state_by_dtype')}; {held.get('parameters', 0) / 1e6:.1f} M parameters")
     tokens, alone = result.get("rollout_tokens") or [], result.get("engine_alone") or {}
     steady = [i for i in range(2, len(phases))] or list(range(len(phases)))
+    lines += sync_parts(result, steady)
     if tokens and alone and steady:
         rate = sum(tokens[i] for i in steady if i < len(tokens)) / max(1e-9, sum(phases[i]["rollout"] for i in steady))
         lines.append(f"rollout: {rate:.1f} tokens/s inside train_rl (steps {steady[0] + 1}-{steady[-1] + 1}) against "

@@ -65,6 +65,7 @@ class Compiles:
         self.step = -1  # the GRPO step now running (0-based); -1 before the first
         self.finished = False
         self._collecting: dict[int, float] = {}  # thread -> when its collection began
+        self.collected: dict[int, float] = {}  # thread -> the seconds its collections took so far
         # Reentrant: a collection can start inside _add, in the thread holding the lock.
         self._lock = threading.RLock()
 
@@ -93,6 +94,7 @@ class Compiles:
         began = self._collecting.pop(ident, None)
         if began is not None:
             seconds = time.perf_counter() - began
+            self.collected[ident] = self.collected.get(ident, 0.0) + seconds
             c = self.collections
             # Only the collections worth naming (a young generation's take microseconds, thousands a step).
             self._add(c["setup"], c["steps"], c["after"], f"generation {info.get('generation')}", seconds,

@@ -79,8 +79,9 @@ RESULT.json: "steps" (each with its seconds, in order; the last one without
 "done" is where the run stopped), "stopped" (the exception, with the frames
 of installed packages), "checks", and each GRPO step's seconds
 ("grpo_step_seconds") split into the trainer's phases ("phase_seconds":
-rollout, logprobs, actor_update, weight_sync, other); with the accounting
-(the user shape): "compiles", "memory", "held", "device_time",
+rollout, logprobs, actor_update, weight_sync, other), the sync's own parts
+("sync_parts", SYNC_RPCS); with the accounting (the user shape):
+"compiles", "gc", "memory", "held", "device_time",
 "rollout_tokens", "engine_alone", "matmul_rate", "model_flops".
 """
 
@@ -93,6 +94,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -218,6 +220,17 @@ class TimedSync:
 PHASES = {"rollout": ("generate",), "logprobs": ("get_ref_per_token_logps", "get_old_per_token_logps"),
           "actor_update": ("update_actor",), "weight_sync": ("sync_weights",)}
 
+#: The weight sync's parts, timed inside it (RESULT.json's "sync_parts", one
+#: dict a step): the rollout's update_params (MaxText's unroll where it has
+#: one, Tunix's transfer into the engine, and the engine's KV cache freed
+#: before and allocated again after), and within it those two engine calls
+#: (vLLM's collective_rpc, by method), and Python's collections that ran
+#: within update_params ("update_params_gc", with an accounting). The rest of
+#: the sync is RLCluster's own: the actor's state walked, its gc.collect()
+#: (RESULT.json's "gc" has every collection in the sync) and the anchor
+#: policy's snapshot where one is taken.
+SYNC_RPCS = ("delete_kv_cache", "reinitialize_kv_cache")
+
 
 class PhaseTimes:
     """The seconds each GRPO step spent in each of the trainer's phases
@@ -229,12 +242,43 @@ class PhaseTimes:
 
     def __init__(self, run: Run, cluster, accounting: Accounting | None = None) -> None:
         self.run, self.steps = run, run.result.setdefault("phase_seconds", [])
+        self.sync_parts: list[dict[str, float]] = run.result.setdefault("sync_parts", [])
         self.accounting = accounting
         self.current: dict[str, float] = {}
+        self.current_parts: dict[str, float] = {}
+        self.syncing: int | None = None  # the thread in the weight sync: its parts are timed only there
         for phase, names in PHASES.items():
             for name in names:
                 if hasattr(cluster, name):
                     setattr(cluster, name, self.timed(phase, getattr(cluster, name)))
+        rollout = cluster.rollout  # RLCluster's property: the one rollout object
+        rollout.update_params = self.part(lambda *a, **k: "update_params", rollout.update_params, with_gc=True)
+        llm = getattr(getattr(rollout, "_sampler", None), "llm", None)  # vLLM's LLM (the vllm rollouts)
+        if llm is not None:
+            llm.collective_rpc = self.part(lambda method, *a, **k: method if method in SYNC_RPCS else None,
+                                           llm.collective_rpc)
+
+    def part(self, name_of, method, with_gc: bool = False):
+        """`method`, timed as the sync's part that `name_of` its arguments
+        names (None: not a part); `with_gc`: also the seconds of Python's
+        collections within it (NAME_gc), where the accounting times them."""
+        def call(*args, **kwargs):
+            ident = threading.get_ident()
+            name = name_of(*args, **kwargs) if self.syncing == ident else None
+            collected = self.accounting.compiles.collected if with_gc and self.accounting else None
+            began, gc_began = time.monotonic(), collected.get(ident, 0.0) if collected is not None else 0.0
+            try:
+                return method(*args, **kwargs)
+            finally:
+                if name is not None:
+                    self.add_part(name, time.monotonic() - began)
+                    if collected is not None:
+                        self.add_part(f"{name}_gc", collected.get(ident, 0.0) - gc_began)
+
+        return call
+
+    def add_part(self, name: str, seconds: float) -> None:
+        self.current_parts[name] = round(self.current_parts.get(name, 0.0) + seconds, 3)
 
     def timed(self, phase: str, method):
         def call(*args, **kwargs):
@@ -243,6 +287,8 @@ class PhaseTimes:
             if a is not None and a.trace is not None and a.trace.wanted(step + 1):
                 a.trace.start()
             began = time.monotonic()
+            if phase == "weight_sync":
+                self.syncing = threading.get_ident()
             try:
                 with (a.compiles.phase(step, phase) if a else contextlib.nullcontext()), \
                         (a.trace.annotate(step + 1, phase) if a and a.trace else contextlib.nullcontext()):
@@ -251,6 +297,8 @@ class PhaseTimes:
                     a.rollout_tokens(step, out)
                 return out
             finally:
+                if phase == "weight_sync":
+                    self.syncing = None
                 self.current[phase] = round(self.current.get(phase, 0.0) + time.monotonic() - began, 2)
                 if phase == "weight_sync":
                     self.close()
@@ -264,7 +312,9 @@ class PhaseTimes:
         if len(steps) > len(self.steps):  # TimedSync read the step's whole seconds
             step["other"] = round(steps[len(self.steps)] - sum(step.values()), 2)
         self.steps.append(step)
+        self.sync_parts.append(self.current_parts)
         self.current = {}
+        self.current_parts = {}
         if self.accounting is not None:
             self.accounting.step_closed(len(self.steps))
 
