@@ -7,7 +7,6 @@ imported, hence here; "tpu" uses the real chips, and the session stops at once
 unless it sees a v6e-8.
 """
 
-
 import pytest
 
 # The suite's helpers are the support.fixes package (tests/support/fixes).

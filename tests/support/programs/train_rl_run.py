@@ -297,10 +297,9 @@ class PhaseTimes:
                     a.rollout_tokens(step, out)
                 return out
             finally:
-                if phase == "weight_sync":
-                    self.syncing = None
                 self.current[phase] = round(self.current.get(phase, 0.0) + time.monotonic() - began, 2)
                 if phase == "weight_sync":
+                    self.syncing = None
                     self.close()
 
         return call
