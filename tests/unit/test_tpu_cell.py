@@ -153,8 +153,10 @@ def test_the_bundle_installs_offline_next_to_the_hosts_jax_and_the_report_accumu
     # A second call (a later chip call): install is skipped, and its run is kept beside the first call's, not over it.
     again = cell("--steps", "install", "--host-stand-ins", "torchvision-no-ops")
     steps = json.loads((report / "cell.json").read_text())["steps"]
-    assert again.returncode == 0 and "already installed" in steps["install#2"]["summary"], steps
+    assert again.returncode == 0 and "already installed" in steps[f"install{host.RERUN}2"]["summary"], steps
     assert steps["install"] == doc["steps"]["install"], steps
+    assert "| install.2 |" in (report / "cell.md").read_text(), "the rerun's row, in the step's place"
+    assert not [p for p in report.rglob("*") if "#" in p.name] and not [k for k in steps if "#" in k], "no name with a #"
     # --budget (a chip call's hard limit): a step that could not finish inside it is not started, and says so.
     cut = cell("--steps", "verify", "--budget", "30", "--host-stand-ins", "torchvision-no-ops")
     verify = json.loads((report / "cell.json").read_text())["steps"]["verify"]
@@ -192,6 +194,29 @@ def test_a_pytest_step_stops_before_its_bound_and_keeps_the_record_of_the_tests_
     # The plugin said, in the step's log, how long collecting took and what was left of the bound.
     collected = [line for line in (report / "steps" / "upstream.log").read_text().splitlines() if line.startswith(host.COLLECTED)]
     assert len(collected) == 1 and collected[0].startswith(f"{host.COLLECTED} 200 test(s) in ") and "of the step's bound left" in collected[0]
+
+
+def test_a_steps_run_records_come_to_one_flat_folder(tmp_path):
+    """A train-rl step's runs write their records into runs/LABEL/; after the
+    step they lie in runs/ itself, each named for the step's run, beside the
+    earlier runs' (no folder below runs/ to copy, no name written over)."""
+    runs = tmp_path / host.RUNS
+    (runs / "train-rl-user").mkdir(parents=True)
+    (runs / "train-rl-user" / "test_user0.json").write_text("first")
+    host.flatten_runs(runs / "train-rl-user")
+    (runs / "train-rl-user.2").mkdir()
+    for name in ("test_user0.json", "test_user0.log"):
+        (runs / "train-rl-user.2" / name).write_text("second")
+    host.flatten_runs(runs / "train-rl-user.2")
+    host.flatten_runs(runs / "train-rl")  # a step whose runs wrote nothing
+    assert sorted(p.name for p in runs.iterdir()) == ["train-rl-user.2.test_user0.json", "train-rl-user.2.test_user0.log",
+                                                      "train-rl-user.test_user0.json"]
+    assert (runs / "train-rl-user.test_user0.json").read_text() == "first"
+
+
+def test_a_label_names_its_step_whichever_cell_wrote_it():
+    assert [host.step_of(label) for label in ("train-rl-user", "train-rl-user.3", "bench-sync#2")] == ["train-rl-user", "train-rl-user",
+                                                                                                      "bench-sync"]
 
 
 def test_a_killed_step_says_whether_pytest_had_collected_its_tests():

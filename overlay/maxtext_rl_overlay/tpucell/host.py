@@ -81,6 +81,12 @@ INSTALLED = ".mrl-tpu-cell-installed"
 LIBTPU_LOCKFILE = pathlib.Path("/tmp/libtpu_lockfile")
 #: cell.json's format (docs/reports.md); a report folder holding another is refused, not mixed.
 CELL_REPORT_VERSION = 1
+#: A step's K-th run (K from 2) is kept as NAME.K: its result, log, JUnit record and JSON. No `#`
+#: in any name the report writes: copies and URLs drop or cut at it (an older cell.py wrote NAME#K).
+RERUN = "."
+#: The train-rl steps' run records, in one flat folder of the report: each file named LABEL.FILE
+#: (flatten_runs), so that a copy of the report one folder deep has them all.
+RUNS = "runs"
 
 
 #: The bundle's copy of the tool's probes/host_facts.py, beside this file
@@ -334,10 +340,13 @@ class Cell:
             # the tiny shape's two steps, or (train-rl-user) a user's shape, each step explained.
             marker = "tpu_cell and user_shape" if name == "train-rl-user" else "tpu_cell and not user_shape"
             # Each run's record and log in the report (MRL_RUN_RECORDS): a run the step's bound kills keeps them.
-            records = self.report_dir / "steps" / f"{self.label(name)}-runs"
-            return self.pytest(name, [TRAIN_RL_TESTS], cell | {"MRL_QUICK": "1", "MRL_MAXTEXT": "1", "JAX_PLATFORMS": "cpu",
-                                                               "MRL_RUN_RECORDS": str(records)},
-                               "-m", marker, *passthrough)
+            records = self.report_dir / RUNS / self.label(name)
+            try:
+                return self.pytest(name, [TRAIN_RL_TESTS], cell | {"MRL_QUICK": "1", "MRL_MAXTEXT": "1", "JAX_PLATFORMS": "cpu",
+                                                                   "MRL_RUN_RECORDS": str(records)},
+                                   "-m", marker, *passthrough)
+            finally:
+                flatten_runs(records)
         if name == "upstream":
             return self.pytest(name, [f"upstream/{p}" for p in self.facts["upstream_tests"]], {}, "--rootdir", "upstream", *passthrough)
         if name == "bench":
@@ -363,16 +372,16 @@ class Cell:
         return self.current.get(name, name)
 
     def next_label(self, name: str) -> str:
-        """`NAME` for a step's first run in the report, `NAME#K` for its K-th,
+        """`NAME` for a step's first run in the report, `NAME.K` for its K-th,
         in this call (--repeat) or a later one (the same step again with other
         arguments): no run's result or files are written over another's."""
         taken = self.report["steps"]
         if name not in taken:
             return name
         k = 2
-        while f"{name}#{k}" in taken:
+        while f"{name}{RERUN}{k}" in taken:
             k += 1
-        return f"{name}#{k}"
+        return f"{name}{RERUN}{k}"
 
     # -- the report ------------------------------------------------------------
 
@@ -415,6 +424,26 @@ class Cell:
 
 #: What parts.py writes into a bundle it put together from parts (parts.RECEIVED; this file stands alone on the host).
 PARTS_RECEIVED = "PARTS-RECEIVED.json"
+
+
+def step_of(label: str) -> str:
+    """The step a report's label names: NAME, NAME.K, or an older cell.py's
+    NAME#K (a report folder accumulates across calls of either)."""
+    return label.replace("#", RERUN).split(RERUN)[0]
+
+
+def flatten_runs(folder: pathlib.Path) -> None:
+    """The records a step's train_rl runs wrote into runs/LABEL/, moved to
+    runs/LABEL.FILE beside every other step's (the test names its files, not
+    the cell, so the label goes in front). Run after the step, killed or not;
+    a cell killed mid-step leaves them in runs/LABEL/."""
+    if not folder.is_dir():
+        return
+    for record in sorted(folder.iterdir()):
+        if record.is_file():
+            record.replace(folder.parent / f"{folder.name}.{record.name}")
+    with contextlib.suppress(OSError):  # something else in it: left as it is
+        folder.rmdir()
 
 
 def _left_out(facts: dict[str, Any]) -> dict[str, str]:
@@ -599,7 +628,7 @@ def render(report: CellDocument) -> str:
     lines += ["## Deviations from the release's closure", ""]
     lines += [f"- {d}" for d in report.get("deviations", [])] or ["- (not read yet: run a step after install)"]
     lines += ["", "## Steps", "", "| step | when | rc | seconds | tests | host stand-ins | summary |", "|---|---|---|---|---|---|---|"]
-    ordered = sorted(report.get("steps", {}).items(), key=lambda item: (STEPS.index(item[0].split("#")[0]), item[1].get("when", "")))
+    ordered = sorted(report.get("steps", {}).items(), key=lambda item: (STEPS.index(step_of(item[0])), item[1].get("when", "")))
     for name, s in ordered:
         t = s.get("tests")
         tests = f"{t['passed']} passed, {t['failures']} failed, {t['errors']} errors, {t['skipped']} skipped" if t else "-"
@@ -625,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{MIN_STEP_SECONDS} s left is not run (the report says so)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the steps N times in a row (smoke's consecutive runs); a step's K-th run in the report, "
-                             "in this call or an earlier one, is kept as STEP#K")
+                             f"in this call or an earlier one, is kept as STEP{RERUN}K")
     parser.add_argument("passthrough", nargs="*", help="after --: more arguments for the (single) step named")
     args = parser.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
