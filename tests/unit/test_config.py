@@ -286,7 +286,7 @@ def _keys_read(*functions) -> set[str]:
 
 @pytest.mark.parametrize(("place", "readers"), [
     (schema.PYPROJECT, (reader.project_options,)),
-    (schema.PIN, (pins.read_pin, pins.read_rebase_policy)),
+    (schema.PIN, (pins.read_pin, pins.read_rebase_policy, pins.read_release)),
 ])
 def test_the_readers_read_exactly_the_schemas_keys(place, readers):
     """The readers refuse a key the schema lacks (their known keys are the

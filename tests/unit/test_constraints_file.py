@@ -204,7 +204,7 @@ def test_the_digests_are_the_checkouts_wherever_it_is_and_each_names_its_part(ch
     here, there = load_project(ROOT), load_project(checkout)
     before = inputdigests.input_digests(there, there.pins)
     assert before == inputdigests.input_digests(here, here.pins)
-    assert list(before) == ["maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm"]
+    assert list(before) == ["maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext"]
     assert list(inputdigests.input_digests(there, ["vllm"])) == ["maxtext-rl-overlay", "vllm"]
     (checkout / "constraints.txt").write_text("anything\n")
     assert inputdigests.input_digests(there, there.pins) == before, "constraints.txt is not an input of itself"

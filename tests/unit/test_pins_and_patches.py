@@ -25,6 +25,11 @@ def test_every_distribution_has_a_pin_and_a_series():
     assert PROJECT.pins["tpu-inference"].series, "the tpu-inference fix is missing from its series"
     assert PROJECT.pins["google-tunix"].series, "the tunix fix is missing from its series"
     assert PROJECT.pins["vllm"].series == (), "vLLM is pinned, not patched"
+    maxtext = PROJECT.pins["maxtext"]
+    assert maxtext.series and maxtext.release is not None, "MaxText's series is carried on its release wheel"
+    # The release the series applies to is the one the `maxtext` extra names.
+    (requirement,) = PROJECT.metadata["optional-dependencies"]["maxtext"]
+    assert requirement.endswith(f"=={maxtext.release.version}") and maxtext.version == maxtext.release.version, requirement
 
 
 @pytest.mark.parametrize("path", [p for pin in PROJECT.pins.values() for p in pin.series], ids=lambda p: p.name)
@@ -36,8 +41,11 @@ def test_patches_are_full_index_format_patches_with_upstream_status(path):
     assert text.startswith("From 0000000000000000000000000000000000000000 "), "export with --zero-commit"
     assert not text.rstrip().endswith("-- \n2."), "export with --no-signature"
     commit = patchfile.backport_commit(patch)
+    release = patchfile.backport_release(patch)
     if commit:  # named by the upstream commit, so local patches keep their numbers when it drops on a rebase
         assert path.name.startswith(f"backport-{commit[:9]}-"), "a backport is named backport-<upstream commit>-*.patch"
+    elif release:  # a change known by the release that carries it (MaxText's after 0.2.4)
+        assert path.name.startswith(f"backport-v{release}-"), "a release's backport is named backport-v<release>-*.patch"
     else:
         assert re.match(r"^\d{4}-", path.name), "a local patch is numbered NNNN-*.patch"
 
@@ -46,14 +54,16 @@ def test_patches_are_full_index_format_patches_with_upstream_status(path):
 def test_backports_come_first_in_each_series(name):
     """Upstream's own commits are the base the local patches are written on
     (Debian's practice: backports first, then local changes)."""
-    kinds = ["backport" if patchfile.backport_commit(patchfile.parse(p)) else "local" for p in PROJECT.pins[name].series]
+    kinds = ["backport" if patchfile.backport_commit(patchfile.parse(p)) or patchfile.backport_release(patchfile.parse(p)) else "local"
+             for p in PROJECT.pins[name].series]
     assert kinds == sorted(kinds, key=lambda kind: kind != "backport"), kinds
 
 
 def test_backport_lint_wants_the_upstream_commit(tmp_path):
     text = (ROOT / "patches" / "tpu-inference" / "0001-Reshard-logprobs-in-gather_logprobs-for-Explicit-mes.patch").read_text()
     for status, ok in (("Backport [https://github.com/o/r/commit/984b29c49369]", True), ("Backport [984b29c49]", True),
-                       ("Backport", False), ("Backport [upstream]", False)):
+                       ("Backport", False), ("Backport [upstream]", False), ("Backport [release 0.2.5]", True),
+                       ("Backport [release]", False)):
         path = tmp_path / "x.patch"
         path.write_text(text.replace("Upstream-Status: Pending", f"Upstream-Status: {status}"))
         problems = patchfile.lint(patchfile.parse(path))

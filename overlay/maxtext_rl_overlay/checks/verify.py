@@ -30,6 +30,7 @@ import pathlib
 import sys
 from collections.abc import Callable
 
+from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -200,6 +201,9 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
+            if want.extra:  # installed with the overlay's extra alone (MaxText): an install without it has nothing of it to check
+                findings.append(Finding(name, Check.VERSION, f"{want.version} (with [{want.extra}])", NOT_INSTALLED, True))
+                continue
             findings.append(Finding(name, Check.VERSION, want.version, NOT_INSTALLED, False, remedy=f"install the overlay: {restore_command(doc)}"))
             continue
         if canonicalize_name(dist.metadata["Name"]) != canonicalize_name(name):
@@ -221,6 +225,8 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
             else:
                 findings.append(Finding(name, Check.FILE, sha, found, ok, subject=relpath, remedy=reinstall))
     for name in sorted(doc.not_built):
+        if name == _maxtext_name(doc) and not _maxtext_installed():
+            continue  # the extra's alone, and not installed: nothing runs without the overlay's fixes
         # The release was built without it (build --only): whatever is
         # installed under that name carries none of the overlay's fixes.
         findings.append(Finding(name, Check.BUILT, "an overlay build", _version(name), False, problem=Problem.NOT_BUILT,
@@ -237,6 +243,8 @@ def _vouched(doc: Manifest) -> list[tuple[str, str, str]]:
     distribution, the file it is installed as)."""
     out: list[tuple[str, str, str]] = []
     for name, want in sorted(doc.distributions.items()):
+        if want.extra and _version(name) == NOT_INSTALLED:
+            continue  # the extra's alone (MaxText), not installed here
         files = {want.import_package: f"{want.import_package}/__init__.py"}
         for relpath in sorted(want.files):
             if relpath.endswith(".py"):
@@ -331,6 +339,11 @@ def _version(name: str) -> str:
 
 def _maxtext_installed() -> bool:
     return _version("maxtext") != NOT_INSTALLED
+
+
+def _maxtext_name(doc: Manifest) -> str:
+    """The distribution the overlay's `maxtext` extra requires, normalized."""
+    return str(canonicalize_name(Requirement(doc.environment.maxtext).name)) if doc.environment.maxtext else ""
 
 
 def import_modules(doc: Manifest) -> dict[str, str]:

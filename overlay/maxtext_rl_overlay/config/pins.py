@@ -30,11 +30,12 @@ from .reader import (
 )
 
 #: Build order, and the names --only and --source accept.
-DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm")
+DISTRIBUTIONS = ("google-tunix", "tpu-inference", "vllm", "maxtext")
 #: Where [build.requirements] overrides look unless a pin's [build]
 #: requirement-files says otherwise (vLLM: requirements/tpu.txt).
 DEFAULT_REQUIREMENT_FILES = ("pyproject.toml", "requirements.txt")
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 #: How scripts/rebase.sh names the version of a new pin ([rebase] version):
 #: "release-tag-dev-date" <newest release tag>.dev<commit date>, as daily
 #: builds are named; "pyproject" the static [project] version at the commit;
@@ -65,6 +66,21 @@ class RebasePolicy:
 
 
 @dataclasses.dataclass(frozen=True)
+class Release:
+    """A release wheel a series is carried on (pin.toml [release]), where the
+    upstream publishes no source distribution: the wheel of the pinned
+    commit, unpacked, is the tree the series applies to (MaxText: PyPI has
+    its releases as pure-Python wheels only, and the tag's `src/` holds the
+    same files but for blobs its snapshot lacks)."""
+    wheel: str  # its file name on the package index
+    sha256: str
+
+    @property
+    def version(self) -> str:
+        return self.wheel.split("-")[1]
+
+
+@dataclasses.dataclass(frozen=True)
 class Pin:
     distribution: str
     import_package: str
@@ -82,6 +98,7 @@ class Pin:
     # build isolation, in a build environment holding exactly that torch.
     needs_torch: bool = False
     rebase: RebasePolicy = RebasePolicy()
+    release: Release | None = None  # the series applies to this wheel's files, not to the commit's tree
 
     @property
     def pin_file(self) -> pathlib.Path:
@@ -175,12 +192,30 @@ def read_pin(directory: pathlib.Path) -> Pin:
         directory=directory,
         series=read_series(directory),
         rebase=read_rebase_policy(data.get("rebase", {}), directory.name, f"{pin_file} [rebase]"),
+        release=read_release(data.get("release"), f"{pin_file} [release]"),
     )
     if pin.distribution != directory.name:
         raise OverlayError(f"{pin_file} says distribution {pin.distribution!r} but lives in {directory.name}/.")
     if not _HEX40.match(pin.commit) or (pin.tree and not _HEX40.match(pin.tree)):
         raise OverlayError(f"{pin_file}: commit and tree must be 40 lower-case hex digits.")
     return pin
+
+
+_RELEASE_KEYS = schema.keys(schema.PIN, "release")
+
+
+def read_release(data: object, where: str) -> Release | None:
+    """A pin file's [release] table, checked; None without one."""
+    if data is None:
+        return None
+    release = table(data, where)
+    refuse_unknown(set(release), _RELEASE_KEYS, where)
+    wheel, sha = string(release, "wheel", where), string(release, "sha256", where)
+    if not wheel.endswith(".whl") or wheel.count("-") < 4:
+        raise OverlayError(f"{where}: wheel = {wheel!r} is not a wheel's file name (NAME-VERSION-PY-ABI-PLATFORM.whl).")
+    if not _SHA256.match(sha):
+        raise OverlayError(f"{where}: sha256 must be 64 lower-case hex digits.")
+    return Release(wheel, sha)
 
 
 def read_toml(path: pathlib.Path) -> dict[str, Any]:

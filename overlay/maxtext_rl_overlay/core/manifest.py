@@ -87,6 +87,9 @@ class Distribution:
     # Patches of the series not applied: an unpinned stand-in lacks the code
     # they change (their `Unpinned-Source: left out [why]` trailer).
     left_out: tuple[str, ...] = ()
+    # The overlay's extra that installs it ("maxtext": MaxText itself); ""
+    # for a distribution every install of the overlay has.
+    extra: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +199,7 @@ def _distribution(d: dict[str, Any]) -> Distribution:
         files=dict(d["files"]),
         built_against=BuiltAgainst(**d["built_against"]) if d.get("built_against") else None,
         left_out=tuple(d.get("left_out", ())),
+        extra=str(d.get("extra", "")),
     )
 
 

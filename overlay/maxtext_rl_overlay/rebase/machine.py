@@ -44,6 +44,9 @@ def start(opts: RebaseOptions) -> Report:
     if opts.check_clean:
         refuse_dirty(root)
     pin = load_project(root).pins[opts.name]
+    if pin.release is not None:
+        raise OverlayError(f"{opts.name} is carried on its release wheel ({pin.pin_file} [release]), not on a commit: it moves with "
+                           "its release (rebase --maxtext VERSION names the release).")
     patches = [patchfile.parse(p) for p in pin.series]
     cache = cache_dir(opts.cache)
     # A rebase holds the cache as a build does: `clean` waits until it is

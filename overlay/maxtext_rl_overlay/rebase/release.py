@@ -166,6 +166,12 @@ def plan(root: pathlib.Path, version: str, given: dict[str, str], cache: pathlib
     moves, missing = [], []
     for name in DISTRIBUTIONS:
         pin = project.pins[name]
+        if pin.release is not None:
+            # MaxText's own series, carried on a release wheel: not a commit the release names.
+            if pin.release.version != version:
+                notes.append(f"{name}: its series stays on {pin.release.wheel} ({pin.pin_file.relative_to(root.resolve())} [release]); "
+                             f"carry it onto {wheel.name} by hand (the build refuses the mix until then)")
+            continue
         if name not in named:
             notes.append(f"{wheel.name} names no commit of {name}: its pin {pin.commit[:12]} stays")
             continue

@@ -17,6 +17,9 @@ from ..core.git import git
 UPSTREAM_STATUSES = ("Pending", "Submitted", "Backport", "Inappropriate")
 # A backport names the upstream commit it carries: "Backport [<commit URL or id>]".
 _BACKPORT_COMMIT = re.compile(r"^Backport \[(?:\S*/commit/)?([0-9a-f]{7,40})\]$")
+#: A backport of a change known here only by the release that carries it
+#: (its commit is in no repository at hand): `Backport [release VERSION]`.
+_BACKPORT_RELEASE = re.compile(r"^Backport \[release (\d[\w.+!-]*)\]$")
 _DIFF = re.compile(r"^diff --git a/(.+?) b/(.+)$")
 _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: (\d{6}))?$")
 _TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.+)$")
@@ -139,10 +142,11 @@ def lint(patch: PatchFile) -> list[str]:
             f"{patch.path}: trailer 'Upstream-Status:' must be one of {', '.join(UPSTREAM_STATUSES)} "
             f"(got {status or 'none'})."
         )
-    if status.startswith("Backport") and not backport_commit(patch):
+    if status.startswith("Backport") and not (backport_commit(patch) or backport_release(patch)):
         problems.append(
             f"{patch.path}: a backport must name the upstream commit it carries: "
-            f"'Upstream-Status: Backport [<commit URL or id>]' (got {status})."
+            f"'Upstream-Status: Backport [<commit URL or id>]', or 'Backport [release VERSION]' for a change "
+            f"known only by the release that has it (got {status})."
         )
     unpinned = patch.trailers.get(UNPINNED_SOURCE)
     if unpinned is not None and not _LEFT_OUT.match(unpinned):
@@ -174,6 +178,12 @@ def lint_file(path: pathlib.Path) -> list[str]:
 def backport_commit(patch: PatchFile) -> str | None:
     """The upstream commit id (7 to 40 hex digits) a backport names, else None."""
     m = _BACKPORT_COMMIT.match(patch.trailers.get("Upstream-Status", ""))
+    return m.group(1) if m else None
+
+
+def backport_release(patch: PatchFile) -> str | None:
+    """The upstream release a backport names (`Backport [release VERSION]`), else None."""
+    m = _BACKPORT_RELEASE.match(patch.trailers.get("Upstream-Status", ""))
     return m.group(1) if m else None
 
 

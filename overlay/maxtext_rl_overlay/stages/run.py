@@ -17,6 +17,7 @@ import shutil
 import sys
 import zipfile
 
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from ..cache import buildcache, cachekeys
@@ -144,7 +145,8 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             not_built = [p for p in project.pins if p not in entries]
             if not_built:
                 output.warn(f"not built: {', '.join(not_built)}; the index lacks them, and `verify` fails on them", who="build")
-            adapter = _build_maxtext_adapter(env, staging, opts.python, cache)
+            built_maxtext = [staging / e.wheel.filename for e in entries.values() if e.extra]
+            adapter = _build_maxtext_adapter(env, built_maxtext[0] if built_maxtext else env.release, staging, opts.python, cache)
             overlay = overlayfiles.overlay_inputs(project.root)
             record = manifest.Manifest(project.metadata["version"], project.revision, entries, tuple(not_built),
                                        _environment_record(env, adapter, project.resolution_cutoff),
@@ -221,7 +223,10 @@ def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.D
     lines = ["Made by: " + " ".join(cmd)]
     for name, entry in entries.items():
         given = opts.sources.get(name)
-        if given is None:
+        release = project.pins[name].release
+        if given is None and release is not None:
+            where = f"the package index's {release.wheel}"
+        elif given is None:
             where = "fetched with git"
         elif pathlib.Path(given).is_file():
             where = f"--source {pathlib.Path(given).name}"
@@ -236,12 +241,19 @@ def _made_by(opts: BuildOptions, project: Project, entries: dict[str, manifest.D
 def _source_line(name: str, entry: manifest.Distribution, pin: Pin, given: str | None) -> str:
     """Where one distribution's wheel came from, for the build output: the
     pinned commit and the source that held it, or the stand-in in its place."""
-    got, origin = entry.source, given or f"{pin.repository} (fetched with git)"
+    got, origin = entry.source, given or got_from(pin)
+    if entry.from_pin and pin.release is not None:
+        return f"source of {name}: the pin, the release wheel {pin.release.wheel} (tree {got.tree[:12]}; tag commit {pin.commit[:12]}), from {origin}"
     if entry.from_pin:
         what = f"commit {got.commit[:12]}" if got.commit else f"a tree of commit {pin.commit[:12]}"
         return f"source of {name}: the pin, {what} (tree {got.tree[:12]}), from {origin}"
     version = f", version {got.upstream_version}" if got.upstream_version else ""
     return f"source of {name}: a STAND-IN, not the pin {pin.commit[:12]}: {origin} (tree {got.tree[:12]}{version})"
+
+
+def got_from(pin: Pin) -> str:
+    """Where a source no --source named came from."""
+    return "the package index" if pin.release is not None else f"{pin.repository} (fetched with git)"
 
 
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
@@ -267,6 +279,11 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: target.
         applied = apply_series(pin, source, tree, engine=opts.engine, cache=cache)
         if not pin.series:
             step.note(pin.distribution, "empty series: nothing to apply")
+        if source.release is not None:
+            # No source distribution to build: the release's own metadata, our version.
+            wheel = wheels.repack_release(tree, source.release, staging, version=version, epoch=wheels.commit_epoch(pin.date),
+                                          who=pin.distribution)
+            return _checked_record(pin, source, version, wheel, applied, None, env)
         wheels.set_static_version(tree, version)
         wheels.override_requirements(tree, pin.requirement_overrides, pin.distribution, pin.requirement_files)
         build_env = (buildenv.prepare(pin.distribution, tree, env.torch, opts.python, cache, pin.directory / buildenv.TOOLCHAIN_FILE,
@@ -276,6 +293,12 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: target.
         date = pin.date or source.date
         wheel = wheels.build_wheel(tree, staging, who=pin.distribution, env=variables, epoch=wheels.commit_epoch(date),
                                    python=opts.python, build_env=build_env, cache=cache)
+    against = manifest.BuiltAgainst(build_env.torch, build_env.cuda) if build_env is not None else None
+    return _checked_record(pin, source, version, wheel, applied, against, env)
+
+
+def _checked_record(pin: Pin, source: sources.Source, version: str, wheel: pathlib.Path, applied: list[manifest.PatchRecord],
+                    against: manifest.BuiltAgainst | None, env: target.Target) -> manifest.Distribution:
     name, got = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
     if got != version or name != canonicalize_name(pin.distribution):
         raise OverlayError(
@@ -283,8 +306,9 @@ def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: target.
             f"check the build settings in {pin.pin_file}."
         )
     step.note(pin.distribution, f"built {wheel.name}")
-    against = manifest.BuiltAgainst(build_env.torch, build_env.cuda) if build_env is not None else None
-    return _distribution_record(pin, source, version, wheel, applied, against)
+    # MaxText itself is installed by the `maxtext` extra alone, not by the plain form.
+    extra = env.extra if canonicalize_name(pin.distribution) == target.maxtext_name(env) else ""
+    return dataclasses.replace(_distribution_record(pin, source, version, wheel, applied, against), extra=extra)
 
 
 def _distribution_record(pin: Pin, source: sources.Source, version: str, wheel: pathlib.Path, applied: list[manifest.PatchRecord],
@@ -343,18 +367,21 @@ def _compare_with_previous(path: pathlib.Path, text: str, ours: set[str]) -> Non
                                                                              else "no pin moved (the overlay's own aside)"))
 
 
-def _build_maxtext_adapter(env: target.Target, staging: pathlib.Path, python: str, cache: pathlib.Path) -> manifest.Adapter | None:
-    """MaxText's vLLM plugin, as a wheel made from the release's own folder,
-    unchanged: what install_tpu_post_train_extra_deps installs from it."""
+def _build_maxtext_adapter(env: target.Target, release: pathlib.Path, staging: pathlib.Path, python: str,
+                           cache: pathlib.Path) -> manifest.Adapter | None:
+    """MaxText's vLLM plugin, as a wheel made from the folder of `release`
+    (the overlay's MaxText wheel, with its series; MaxText's own release
+    where that was not built): what install_tpu_post_train_extra_deps
+    installs from it."""
     if not env.vllm_adapter:
         return None
     folder = env.vllm_adapter.strip("/") + "/"
     with scratch_dir("mrl-adapter-") as tmp:
         tree = tmp / "adapter"
-        with zipfile.ZipFile(env.release) as zf:
+        with zipfile.ZipFile(release) as zf:
             members = [n for n in zf.namelist() if n.startswith(folder) and not n.endswith("/")]
             if not any(n == folder + "setup.py" for n in members):
-                raise OverlayError(f"{env.release.name} has no {folder}setup.py: fix vllm-adapter in [tool.maxtext-rl-overlay.maxtext].")
+                raise OverlayError(f"{release.name} has no {folder}setup.py: fix vllm-adapter in [tool.maxtext-rl-overlay.maxtext].")
             for name in members:
                 dest = tree / name[len(folder):]
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -363,14 +390,14 @@ def _build_maxtext_adapter(env: target.Target, staging: pathlib.Path, python: st
             # MaxText's licence, so the wheel carries the release's licence files.
             licences = [n for n in zf.namelist() if n.split("/")[0].endswith(".dist-info") and "/licenses/" in n and not n.endswith("/")]
             if not licences:
-                raise OverlayError(f"{env.release.name} carries no licence files (.dist-info/licenses/): cannot redistribute its vLLM plugin.")
+                raise OverlayError(f"{release.name} carries no licence files (.dist-info/licenses/): cannot redistribute its vLLM plugin.")
             for name in licences:
                 (tree / name.rsplit("/", 1)[-1]).write_bytes(zf.read(name))
         wheel = wheels.build_wheel(tree, staging, who="maxtext-vllm-adapter", env={}, epoch=wheels.commit_epoch(None), python=python,
                                    cache=cache)
     name, version = (str(x) for x in parse_wheel_filename(wheel.name)[:2])
-    step.note("maxtext-vllm-adapter", f"built {wheel.name} from {env.release.name}:{folder}")
-    return manifest.Adapter(name, version, manifest.WheelFile(wheel.name, sha256_file(wheel)), f"{env.release.name}:{folder}")
+    step.note("maxtext-vllm-adapter", f"built {wheel.name} from {release.name}:{folder}")
+    return manifest.Adapter(name, version, manifest.WheelFile(wheel.name, sha256_file(wheel)), f"{release.name}:{folder}")
 
 
 def _build_overlay(project: Project, files: tuple[str, ...], record: manifest.Manifest, adapter: manifest.Adapter | None,
@@ -387,12 +414,13 @@ def _build_overlay(project: Project, files: tuple[str, ...], record: manifest.Ma
             shutil.copy2(root / name, tree / name)
         text = (root / "pyproject.toml").read_text()
         where = str(root / "pyproject.toml")
-        deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items()]
+        deps = list(meta.get("dependencies", [])) + [f"{name}=={e.version}" for name, e in record.distributions.items() if not e.extra]
         text = tomledit.set_value(text, ("project",), "dependencies", deps, where=where)
+        name = record.environment.extra
+        extra = [_exact_if_built(req, record) for req in meta["optional-dependencies"][name]]
         if adapter:
-            name = record.environment.extra
-            extra = list(meta["optional-dependencies"][name]) + [f"{adapter.name}=={adapter.version}"]
-            text = tomledit.set_value(text, ("project", "optional-dependencies"), name, extra, where=where)
+            extra.append(f"{adapter.name}=={adapter.version}")
+        text = tomledit.set_value(text, ("project", "optional-dependencies"), name, extra, where=where)
         (tree / "overlay" / "maxtext_rl_overlay" / manifest.RESOURCE).write_text(record.dumps())
         # The version's local label is the git tree id of everything the wheel
         # is made of but the version (our code, the manifest with every overlay
@@ -406,6 +434,21 @@ def _build_overlay(project: Project, files: tuple[str, ...], record: manifest.Ma
         epoch = max((wheels.commit_epoch(e.pin.date) for e in record.distributions.values() if e.pin.date), key=int,
                     default=wheels.commit_epoch(None))
         return wheels.build_wheel(tree, staging, who="maxtext-rl-overlay", env={}, epoch=epoch, python=python, cache=cache)
+
+
+def _exact_if_built(requirement: str, record: manifest.Manifest) -> str:
+    """A requirement of the `maxtext` extra, pinned to the overlay's build of
+    it where the release holds one (`maxtext[tpu-post-train]==0.2.4+mrl.N`:
+    the release's public version is on the package index too)."""
+    req = Requirement(requirement)
+    built = record.distributions.get(canonicalize_name(req.name))
+    if built is None or not built.extra:
+        return requirement
+    if not req.specifier.contains(built.version):
+        raise OverlayError(f"the `{record.environment.extra}` extra asks for {requirement}, but patches/{req.name}/pin.toml builds "
+                           f"{req.name} {built.version}: carry patches/{req.name}/ onto that release's wheel ([release]) first.")
+    extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+    return f"{req.name}{extras}=={built.version}" + (f"; {req.marker}" if req.marker else "")
 
 
 def build_one(project_root: pathlib.Path, name: str, source: str | None, out_dir: pathlib.Path, *, python: str, allow_unpinned: bool,

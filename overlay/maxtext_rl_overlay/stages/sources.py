@@ -21,9 +21,10 @@ import zipfile
 from typing import Any
 
 from ..cache import buildcache
-from ..config import reader
+from ..config import reader, registry
 from ..config.pins import Pin
 from ..core import gittree
+from ..core.digest import sha256_file
 from ..core.errors import OverlayError, TimedOut
 from ..core.git import git, inside_package, reason, tree_entries
 from ..core.git import out as gitout
@@ -41,6 +42,7 @@ class Source:
     origin: str  # what the user gave, for the manifest and messages
     upstream_version: str | None  # PKG-INFO's Version, when the tree is an sdist
     date: str = ""  # the commit date, where git history came with the tree
+    release: pathlib.Path | None = None  # the release wheel the tree was unpacked from (a pin with [release])
 
 
 #: How long fetching one pinned commit may take before we give up on the network.
@@ -50,6 +52,8 @@ FETCH_TIMEOUT = 600
 def obtain(pin: Pin, given: str | None, *, allow_unpinned: bool, cache: pathlib.Path | None = None) -> Source:
     """The verified source tree of `pin`, from `given` (a path) or the network."""
     cache = reader.cache_dir(cache)
+    if pin.release is not None:
+        return _from_release(pin, given, cache, allow_unpinned=allow_unpinned)
     if given is None:
         return _from_network(pin, cache)
     path = pathlib.Path(given).expanduser()
@@ -267,3 +271,63 @@ def _fetch_pinned(pin: Pin, mirror: pathlib.Path, flag: str) -> None:
                 f"({why}). Pass {flag} with a local clone or mirror holding that commit, "
                 "or a source tree of it."
             )
+
+
+def _from_release(pin: Pin, given: str | None, cache: pathlib.Path, *, allow_unpinned: bool) -> Source:
+    """The files of the pin's release wheel ([release]), unpacked, its
+    .dist-info aside: the package index's copy (its sha256 checked against
+    the pin's), or the wheel given with --source. A wheel with another
+    sha256 is a stand-in, refused unless unpinned sources are allowed."""
+    release = pin.release
+    assert release is not None
+    if given is None:
+        wheel = registry.release_wheel(pin.distribution, release.version, cache / "releases")
+        origin = f"the package index's {wheel.name}"
+    else:
+        wheel = pathlib.Path(given).expanduser()
+        origin = str(given)
+        if not wheel.is_file() or not zipfile.is_zipfile(wheel):
+            raise OverlayError(f"{pin.distribution}: --source {pin.distribution}={given}: {pin.distribution} is built from its release "
+                               f"wheel ({release.wheel}, {pin.pin_file} [release]): give that wheel's file, or no --source to take it "
+                               "from the package index.")
+    sha = sha256_file(wheel)
+    if sha != release.sha256 and not allow_unpinned:
+        raise OverlayError(f"{pin.distribution}: {origin} has sha256 {sha}, not the pinned {release.wheel}'s {release.sha256} "
+                           f"({pin.pin_file} [release]). Give the pinned wheel, or pass --unpinned to build this one as a "
+                           "stand-in, labelled as not built from the pin.")
+    with scratch_dir("mrl-unpack-") as root:
+        with step(pin.distribution, f"unpacking {wheel.name}"):
+            version = unpack_wheel(wheel, root / TREE)
+        tree = gittree.tree_id(root / TREE)
+        from_pin = sha == release.sha256 and tree == pin.tree
+        if sha == release.sha256 and pin.tree and tree != pin.tree:
+            raise OverlayError(f"{pin.distribution}: {release.wheel} unpacks to tree {tree}, but {pin.pin_file} records tree "
+                               f"{pin.tree}. The pin file is wrong; fix its tree.")
+        entry = _entry(cache, pin, tree)
+        with entry.locked():
+            if not _reusable(entry):
+                entry.make(lambda staged: _record(_copy(root / TREE, staged / TREE), wheel=wheel.name, sha256=sha))
+    if not from_pin:
+        step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version}): wheels will be labelled unpinned")
+    return Source(pin.distribution, entry.path / TREE, tree, None, from_pin, origin, version, release=wheel)
+
+
+def unpack_wheel(wheel: pathlib.Path, dest: pathlib.Path) -> str:
+    """Write a wheel's files but its .dist-info into `dest` (mode 0755 where
+    the archive marks a file executable, else 0644); its version."""
+    dest.mkdir()
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            top = info.filename.split("/", 1)[0]
+            if info.is_dir() or top.endswith(".dist-info"):
+                continue
+            parts = pathlib.PurePosixPath(info.filename).parts
+            if info.filename.startswith("/") or ".." in parts:
+                raise OverlayError(f"{wheel.name} holds a file outside its tree: {info.filename}")
+            if top.endswith(".data"):
+                raise OverlayError(f"{wheel.name} holds {top}/: a wheel with a .data folder is not a tree a series can apply to.")
+            path = dest.joinpath(*parts)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(zf.read(info))
+            os.chmod(path, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
+    return wheel.name.split("-")[1]

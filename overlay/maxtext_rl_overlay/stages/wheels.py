@@ -218,3 +218,59 @@ def keep_wheel(cache: pathlib.Path, inputs: dict[str, Any], wheel: pathlib.Path,
     """Keep `wheel` for these inputs (a full or read-only cache: said, and the build goes on)."""
     _entry(cache, inputs, who).store({"wheel": wheel.name, "sha256": sha256_file(wheel), "inputs": inputs},
                                      lambda staged: shutil.copyfile(wheel, staged / wheel.name))
+
+
+def repack_release(tree: pathlib.Path, release: pathlib.Path, out_dir: pathlib.Path, *, version: str, epoch: str, who: str) -> pathlib.Path:
+    """A wheel of the patched `tree` with the release wheel's own metadata
+    (its requirements, extras, entry points, licences: what a PEP 517 build
+    of the upstream's source would write, which the release's index does
+    not publish) and `version`: the upstream's .dist-info renamed, its
+    METADATA's Version line replaced, its RECORD written anew. Entries in
+    sorted order, dated `epoch`, mode 0644 (0755 where the tree's file is
+    executable): the same inputs give the same bytes."""
+    import base64
+    import datetime
+    import email.parser
+
+    with zipfile.ZipFile(release) as zf:
+        infos = [i for i in zf.infolist() if not i.is_dir()]
+        folders = {i.filename.split("/", 1)[0] for i in infos if i.filename.split("/", 1)[0].endswith(".dist-info")}
+        if len(folders) != 1:
+            raise OverlayError(f"{who}: {release.name} has {len(folders)} .dist-info folders, not one.")
+        (old_info,) = folders
+        meta = {i.filename[len(old_info) + 1:]: zf.read(i) for i in infos if i.filename.startswith(old_info + "/")}
+    metadata = meta.get("METADATA", b"").decode()
+    parsed = email.parser.Parser().parsestr(metadata)
+    name, old_version = parsed.get("Name"), parsed.get("Version")
+    if not name or not old_version or f"\nVersion: {old_version}\n" not in metadata:
+        raise OverlayError(f"{who}: {release.name}'s METADATA has no Name and Version lines to carry.")
+    meta["METADATA"] = metadata.replace(f"\nVersion: {old_version}\n", f"\nVersion: {version}\n", 1).encode()
+    meta.pop("RECORD", None)
+    stem = f"{canonicalize_name(name).replace('-', '_')}-{version}"
+    info_dir = f"{stem}.dist-info"
+    files = {p.relative_to(tree).as_posix(): p for p in sorted(tree.rglob("*")) if p.is_file()}
+    stray = sorted(f for f in files if f.split("/", 1)[0].endswith((".dist-info", ".data")))
+    if stray:
+        raise OverlayError(f"{who}: the patched tree holds {stray[0]}: a series must not write wheel metadata.")
+    entries = [(rel, path.read_bytes(), 0o755 if os.access(path, os.X_OK) else 0o644) for rel, path in files.items()]
+    entries += [(f"{info_dir}/{rel}", data, 0o644) for rel, data in sorted(meta.items())]
+
+    def digest(data: bytes) -> str:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{rel},{digest(data)},{len(data)}\n" for rel, data, _ in entries) + f"{info_dir}/RECORD,,\n"
+    entries.append((f"{info_dir}/RECORD", record.encode(), 0o644))
+    stamp = datetime.datetime.fromtimestamp(max(int(epoch), 315532800), datetime.UTC).timetuple()[:6]
+    tag = release.name[:-len(".whl")].split("-", 2)[2]  # the release's own tags (py3-none-any)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / f"{stem}-{tag}.whl"
+    with scratch_dir("mrl-repack-") as tmp:
+        staged = tmp / dest.name
+        with step(who, f"packing the wheel from {release.name}'s metadata"), zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as out:
+            for rel, data, mode in entries:
+                info = zipfile.ZipInfo(rel, date_time=stamp)
+                info.external_attr = (0o100000 | mode) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                out.writestr(info, data)
+        shutil.move(staged, dest)
+    return dest

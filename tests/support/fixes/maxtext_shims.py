@@ -31,6 +31,7 @@ whole session, as in a MaxText process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 from unittest import mock
@@ -59,8 +60,24 @@ def _import_real(name: str):
 
 
 ADAPTER = _import_real("maxtext.integration.tunix.tunix_adapter")
-TRAIN_RL = _import_real("maxtext.trainers.post_train.rl.train_rl") if ADAPTER else None
-SOURCE = "maxtext (installed)" if ADAPTER and TRAIN_RL else "re-created (maxtext is not installed)"
+_TRAIN_RL_INSTALLED = _import_real("maxtext.trainers.post_train.rl.train_rl") if ADAPTER else None
+SOURCE = "maxtext (installed)" if ADAPTER and _TRAIN_RL_INSTALLED else "re-created (maxtext is not installed)"
+
+
+@functools.cache
+def stock_train_rl():
+    """MaxText 0.2.4's own train_rl module, whose `_tpu_inference_compat_patches`
+    the contexts below enter: the installed one where it has them (MaxText's
+    release), else the release's code rebuilt from the overlay's MaxText
+    (its series reverse-applied: support/fixes/unpatched.py; the overlay's
+    deletes them, as 0.2.5 does). None without maxtext."""
+    if _TRAIN_RL_INSTALLED is None:
+        return None
+    if hasattr(_TRAIN_RL_INSTALLED, "_tpu_inference_compat_patches"):
+        return _TRAIN_RL_INSTALLED
+    from support.fixes.unpatched import load_unpatched
+
+    return load_unpatched("maxtext", "maxtext.trainers.post_train.rl.train_rl")
 
 
 @contextlib.contextmanager
@@ -133,8 +150,9 @@ def tunix_adapter_shims():
 @contextlib.contextmanager
 def train_rl_patches():
     """What train_rl._tpu_inference_compat_patches does around rl_train."""
-    if TRAIN_RL is not None:
-        with TRAIN_RL._tpu_inference_compat_patches():
+    train_rl = stock_train_rl()
+    if train_rl is not None:
+        with train_rl._tpu_inference_compat_patches():
             yield
         return
     import tunix.generate.utils as tunix_utils
@@ -197,9 +215,10 @@ def train_rl_patches_on(module):
     tunix.generate.utils, support/fixes/unpatched.py) instead of the installed
     one: the context manager patches whatever its module global `tunix_utils`
     names. Needs maxtext installed."""
-    if TRAIN_RL is None:
+    train_rl = stock_train_rl()
+    if train_rl is None:
         raise RuntimeError("train_rl_patches_on needs maxtext installed (the matrix's MaxText cell).")
-    with mock.patch.object(TRAIN_RL, "tunix_utils", module), TRAIN_RL._tpu_inference_compat_patches():
+    with mock.patch.object(train_rl, "tunix_utils", module), train_rl._tpu_inference_compat_patches():
         yield
 
 

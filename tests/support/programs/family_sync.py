@@ -538,11 +538,12 @@ def drive(run: Run, family: maxtext_models.Family, configuration: Configuration,
         run.result["hf_config"] = config
     argv = argv_for(family, configuration, work, inputs) + list(settings or [])
     run.result["argv"] = argv[2:]
-    from maxtext.trainers.post_train.rl import train_rl
 
     recorder = SyncRecorder(run, dump_pattern)
     recorder.install()
-    with train_rl._tpu_inference_compat_patches() if shims else contextlib.nullcontext():
+    # MaxText 0.2.4's train_rl shims (the overlay's MaxText deletes them: support/fixes/maxtext_shims.py has 0.2.4's)
+    shim_context = _train_rl_shims() if shims else contextlib.nullcontext()
+    with shim_context:
         rollout, actor, actor_mesh, trainer_config = set_up(run, family, argv, zero)
         if dump_pattern:
             from flax import nnx
@@ -671,6 +672,13 @@ def reference(run: Run, actor: Any, mesh: Any, config: Any) -> None:
             "min_margin": min(c["min_margin"] for c in compare),
             "per_prompt": compare,
         }
+
+
+def _train_rl_shims():
+    """What MaxText 0.2.4's rl_train ran inside (its _tpu_inference_compat_patches)."""
+    from support.fixes import maxtext_shims
+
+    return maxtext_shims.train_rl_patches()
 
 
 if __name__ == "__main__":

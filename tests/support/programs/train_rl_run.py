@@ -442,9 +442,10 @@ def drive(run: Run, args: argparse.Namespace, work: pathlib.Path) -> None:
     run.result["argv"] = argv[2:]
     trace = parse_trace(args.trace, steps or 2) if (user or args.trace) else None
     accounting = Accounting(run, trace) if (user or args.trace) else None
-    from maxtext.trainers.post_train.rl import train_rl
 
-    with train_rl._tpu_inference_compat_patches() if args.shims else contextlib.nullcontext():
+    # MaxText 0.2.4's train_rl shims (the overlay's MaxText deletes them: support/fixes/maxtext_shims.py has 0.2.4's)
+    shim_context = _train_rl_shims() if args.shims else contextlib.nullcontext()
+    with shim_context:
         t = set_up(run, args.config, argv, accounting)
         checks["replaced_after_engine_start"] = run.replaced()
         rollout = t.cluster.rollout
@@ -684,6 +685,13 @@ def actor_losses(cluster) -> list[float]:
     trainer = cluster.actor_trainer
     history = trainer.metrics_logger.get_metric_history(trainer.metrics_prefix, "loss", Mode.TRAIN)
     return [float(v) for v in np.ravel(history)]
+
+
+def _train_rl_shims():
+    """What MaxText 0.2.4's rl_train ran inside (its _tpu_inference_compat_patches)."""
+    from support.fixes import maxtext_shims
+
+    return maxtext_shims.train_rl_patches()
 
 
 if __name__ == "__main__":
