@@ -13,10 +13,11 @@ What each does on the overlay (OUTCOMES below):
 `maxtext_on_vllm` (MaxText's model in vLLM; Tunix's
 transfer_state_directly, every weight required: google-tunix 0001, 0002,
 0003; MaxText's pre-unroll for Gemma alone: the maxtext series' 0.2.5
-backport): llama3, gemma3, qwen2, qwen3 (8b, 1.7b, 0.6b), qwen3 MoE and
-gpt-oss sync every weight and decode MaxText's tokens (at the pins, and
-with MaxText 0.2.4's own pre-unroll, gpt-oss stopped there: its
-AssertionError "failed to unroll any layers"); deepseek3 and deepseek2 are
+backport): llama3, gemma3, qwen2, qwen3 (8b, 1.7b, 0.6b) and qwen3 MoE
+sync every weight and decode MaxText's tokens; gpt-oss syncs all 75 of the
+engine's parameters (with MaxText 0.2.4's own pre-unroll it stopped before
+Tunix: its AssertionError "failed to unroll any layers"), and its generate
+then stops in tpu-inference's gmm_v2 kernel at these tiny dims; deepseek3 and deepseek2 are
 refused by tpu-inference at train_rl's defaults (MLA needs data-parallel
 attention, `enable_dp_attention`; with it, run once by hand, deepseek3's
 first sync wrote all 55 parameters of MaxText's model, none stale).
@@ -73,6 +74,9 @@ class Outcome:
     logprob_tolerance: float = 1e-4
     #: family_sync's extra arguments.
     args: tuple[str, ...] = ()
+    #: A run that stops after its first sync (`stops`, in the engine's
+    #: generate): that sync wrote every parameter of the engine's model.
+    synced: bool = False
 
 
 #: tpu-inference's gmm kernel (MaxText's MoE in vLLM) needs 2 x 128 lanes of
@@ -90,7 +94,11 @@ OUTCOMES = {
     ("qwen3-tied", "maxtext_on_vllm"): Outcome(),
     ("qwen3-0.6b", "maxtext_on_vllm"): Outcome(),
     ("qwen3-moe", "maxtext_on_vllm"): Outcome(args=MOE_WIDTH),
-    ("gpt-oss", "maxtext_on_vllm"): Outcome(args=MOE_WIDTH),
+    # Its first sync writes every weight; the engine's generate then stops in
+    # tpu-inference's gmm_v2 kernel (gpt-oss's fused activation needs 256
+    # lanes of a width these tiny dims do not have).
+    ("gpt-oss", "maxtext_on_vllm"): Outcome(stops=("ValueError", "should be divisible by 2 * num_lanes when fuse_act is enabled"),
+                                            args=MOE_WIDTH, synced=True),
     ("deepseek3", "maxtext_on_vllm"): Outcome(stops=MLA_REFUSED),
     ("deepseek2", "maxtext_on_vllm"): Outcome(stops=MLA_REFUSED),
     ("llama3", "vllm_native"): Outcome(),
@@ -126,6 +134,8 @@ def test_the_first_sync_of_each_family(case, tmp_path, record_property):
         assert stopped, f"{case} was to stop with {outcome.stops}, and synced: {result.get('compare')}"
         record_property("stopped", f"{stopped['type']}: {stopped['message'][:300]}")
         assert stopped["type"].endswith(outcome.stops[0]) and outcome.stops[1] in stopped["message"], stopped
+        if outcome.synced:
+            assert leaves["param_like_count"] > 0 and leaves["stale_param_like"] == [], leaves
         return
     assert not stopped and result.get("finished"), (stopped, proc.stderr[-4000:])
     # Every parameter of the engine's model written: what stays is rng state and caches.

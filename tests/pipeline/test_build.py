@@ -54,7 +54,7 @@ def _no_leftovers(out: pathlib.Path) -> None:
 def test_build_writes_index_constraints_and_labels_unpinned(built):
     out, proc = built
     wheels = sorted(p.name for p in out.glob("*.whl"))
-    assert [w.split("-")[0] for w in wheels] == ["google_tunix", "maxtext_rl_overlay", "maxtext_vllm_adapter", "tpu_inference", "vllm"]
+    assert [w.split("-")[0] for w in wheels] == ["google_tunix", "maxtext", "maxtext_rl_overlay", "maxtext_vllm_adapter", "tpu_inference", "vllm"]
     for wheel in wheels:
         if not wheel.startswith("maxtext"):
             assert f"+{PROJECT.local_label}.unpinned." in wheel, wheel  # a stand-in says so in its version
@@ -68,7 +68,7 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     # How it was made: the command (sources as PATH, then what was found
     # there), uv, the tool; uv's annotations; the overlay's own local label.
     assert re.search(r"\n# Made by: maxtext-rl-overlay build --source google-tunix=PATH --source tpu-inference=PATH --source vllm=PATH "
-                     r"--only google-tunix,tpu-inference,vllm --unpinned --torch-standin --out \.\.\./dist --constraints \.\.\./constraints\.txt\n"
+                     r"--only google-tunix,tpu-inference,vllm,maxtext --unpinned --torch-standin --out \.\.\./dist --constraints \.\.\./constraints\.txt\n"
                      r"#   google-tunix: --source google_tunix-0\.1\.7\.tar\.gz, tree [0-9a-f]{40} \(NOT the pin\)\n", constraints), constraints[:3000]
     assert re.search(r"\n#   with uv \d+\.\d+\.\d+.*, the tool's code sha256 [0-9a-f]{64}\n"
                      rf"# {re.escape(inputdigests.INPUTS_TITLE)}\n#   maxtext-rl-overlay: [0-9a-f]{{64}} \(", constraints)
@@ -80,13 +80,13 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     assert "--find-links ./dist\n" in constraints
     assert "--find-links .\n" in (out / "constraints.txt").read_text()
     assert sorted(p.relative_to(out).as_posix() for p in (out / "simple").rglob("index.html")) == [
-        "simple/google-tunix/index.html", "simple/index.html", "simple/maxtext-rl-overlay/index.html",
+        "simple/google-tunix/index.html", "simple/index.html", "simple/maxtext/index.html", "simple/maxtext-rl-overlay/index.html",
         "simple/maxtext-vllm-adapter/index.html", "simple/tpu-inference/index.html", "simple/vllm/index.html"]
     assert oct(out.stat().st_mode & 0o777) == "0o755", "readable by a web server running as another user"
     # The closure the stack needs on a TPU VM is pinned exactly, as MaxText
     # 0.2.4's extra and its overrides file ask (torch: PyPI's stand-in build).
     for pin in ("jax==0.11.0", "jaxlib==0.11.0", "libtpu==0.0.44", "flax==0.12.8", "qwix==0.1.8", "optax==0.2.6",
-                "gcsfs==2026.2.0", "fsspec==2026.2.0", "maxtext==0.2.4", "torch==2.11.0", "torchvision==0.26.0"):
+                "gcsfs==2026.2.0", "fsspec==2026.2.0", f"maxtext==0.2.4+{PROJECT.local_label}", "torch==2.11.0", "torchvision==0.26.0"):
         assert f"\n{pin} " in constraints, pin
     assert "# STAND-IN torch 2.11.0: PyPI's CUDA build, standing in for MaxText's torch==2.11.0+cpu" in constraints
     assert "STAND-IN torch 2.11.0" in proc.stderr
@@ -94,6 +94,9 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     assert "STAND-IN" in overrides and "\ntorch==2.11.0\ntorchvision==0.26.0\n" in overrides
     assert "[google-tunix] applying 0001-" in proc.stderr and "building the wheel" in proc.stderr
     assert "[vllm] UNPINNED source" in proc.stderr and "[vllm] empty series: nothing to apply" in proc.stderr
+    # MaxText from its pinned release wheel (the package index's), its series applied, the wheel packed with its metadata.
+    assert "[maxtext] applying backport-v0.2.5-" in proc.stderr and "[maxtext] packing the wheel from maxtext-0.2.4-py3-none-any.whl" in proc.stderr
+    assert "#   maxtext: the package index's maxtext-0.2.4-py3-none-any.whl, tree f2b4644b4b6e" in constraints
 
 
 def test_every_wheel_carries_its_licence_files(built, standin):

@@ -318,7 +318,9 @@ def make(opts: BundleOptions) -> Bundle:
         relaxed: dict[str, str] = {}  # name -> its Requires-Python
         relaxed_overrides = []
         for name in RELAXED[opts.form]:
-            original = _pip_download(f"{name}=={release_pins[name]}", TARGET_PYTHON, opts.host_platform, tmp / "relaxed-original")
+            # The release's own build where it holds one (the overlay's MaxText), else the registry's.
+            original = wheels.get(name) or _pip_download(f"{name}=={release_pins[name]}", TARGET_PYTHON, opts.host_platform,
+                                                         tmp / "relaxed-original")
             wanted_python = _requires_python(original)
             if not wanted_python or Version(opts.host_python + ".0") in SpecifierSet(wanted_python):
                 continue  # the host's Python is allowed: nothing to relax
