@@ -364,7 +364,7 @@ def _moved_pins(base: str) -> list[str]:
 
 
 #: The overlay's own distributions, whose versions the pins and the revision set.
-OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext-vllm-adapter")
+OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext", "maxtext-vllm-adapter")
 
 
 def _project_state() -> tuple[str, dict[str, str], dict[str, str]]:

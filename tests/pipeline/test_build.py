@@ -80,8 +80,8 @@ def test_build_writes_index_constraints_and_labels_unpinned(built):
     assert "--find-links ./dist\n" in constraints
     assert "--find-links .\n" in (out / "constraints.txt").read_text()
     assert sorted(p.relative_to(out).as_posix() for p in (out / "simple").rglob("index.html")) == [
-        "simple/google-tunix/index.html", "simple/index.html", "simple/maxtext/index.html", "simple/maxtext-rl-overlay/index.html",
-        "simple/maxtext-vllm-adapter/index.html", "simple/tpu-inference/index.html", "simple/vllm/index.html"]
+        "simple/google-tunix/index.html", "simple/index.html", "simple/maxtext-rl-overlay/index.html",
+        "simple/maxtext-vllm-adapter/index.html", "simple/maxtext/index.html", "simple/tpu-inference/index.html", "simple/vllm/index.html"]
     assert oct(out.stat().st_mode & 0o777) == "0o755", "readable by a web server running as another user"
     # The closure the stack needs on a TPU VM is pinned exactly, as MaxText
     # 0.2.4's extra and its overrides file ask (torch: PyPI's stand-in build).

@@ -319,9 +319,11 @@ LABEL {label}.closure="a STAND-IN for MaxText's post-training image WITH the clo
 
 
 def _closure_requirements(release: pathlib.Path) -> str:
-    """constraints.txt's pins (name==version), the release's own left out."""
+    """constraints.txt's pins (name==version), the release's own left out;
+    MaxText as MaxText's image holds it: its release (the overlay's build's
+    public version), which the overlay's image replaces."""
     pins = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", (release / "constraints.txt").read_text(), re.M)
-    return "".join(f"{name}=={version}\n" for name, version in pins if name not in OWN)
+    return "".join(f"{name}=={version.split('+')[0] if name == 'maxtext' else version}\n" for name, version in pins if name not in OWN)
 
 
 def _uv() -> str:

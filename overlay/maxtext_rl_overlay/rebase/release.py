@@ -137,7 +137,7 @@ class Plan:
 
 
 #: The overlay's own distributions: their versions move with the pins and the revision, not the cutoff.
-DISTRIBUTIONS_AND_OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext-vllm-adapter")
+DISTRIBUTIONS_AND_OURS = ("maxtext-rl-overlay", "google-tunix", "tpu-inference", "vllm", "maxtext", "maxtext-vllm-adapter")
 
 
 def _closure_pins(root: pathlib.Path) -> dict[str, str]:
