@@ -168,9 +168,10 @@ def test_served_release_installs_with_the_users_command(release, tmp_path, venv)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verify: yes" in ok.stdout
     # Every wheel came from the server, by its relative link.
-    # (MaxText's plugin is installed only with the `maxtext` extra.)
+    # (MaxText and its plugin are installed only with the `maxtext` extra.)
     fetched = {p.rsplit("/", 1)[-1] for p in server.requests if p.endswith(".whl")}
-    assert fetched == {urllib.request.pathname2url(w.name) for w in release.glob("*.whl") if not w.name.startswith("maxtext_vllm_adapter-")}
+    assert fetched == {urllib.request.pathname2url(w.name) for w in release.glob("*.whl")
+                       if not w.name.startswith(("maxtext_vllm_adapter-", "maxtext-"))}
 
 
 def test_simple_tree_is_pep503_and_usable_as_an_index(release, tmp_path, venv):

@@ -179,7 +179,7 @@ def world(tmp_path_factory) -> Iterator[World]:
     (hooks / "pre-applypatch").chmod(0o755)
     releases = top / "index"
     releases.mkdir()
-    pins = {name: pin.commit for name, pin in load_project(ROOT).pins.items()}
+    pins = {name: pin.commit for name, pin in load_project(ROOT).pins.items() if pin.release is None}  # what a release names
     for move, version in VERSIONS.items():
         maxtext_release(releases, version, {**pins, "tpu-inference": git(repo, "rev-parse", move.split()[-1])})
     with PackageIndex(releases) as index:

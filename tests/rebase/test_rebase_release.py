@@ -24,7 +24,7 @@ from unit.unit_support import PackageIndex, commit_files, git, maxtext_release, 
 from unit.unit_support import small_upstream as make_small_upstream
 
 TPU = pathlib.Path("patches/tpu-inference")
-ROOT_PINS = {name: pin.commit for name, pin in load_project(ROOT).pins.items()}
+ROOT_PINS = {name: pin.commit for name, pin in load_project(ROOT).pins.items() if pin.release is None}  # what a release names
 #: What MaxText 0.2.4's wheel names: the overlay's pins of today.
 PINS_024 = {"google-tunix": "c4ec573d29e4c3a3955b348256d464b119c8a6d1", "tpu-inference": "7ecc401e6faefe3f793f3e4a8e6e2dbc49eca868",
             "vllm": "0ba2aa35a81dcc3246b26291368b53fa2389c7d7"}
