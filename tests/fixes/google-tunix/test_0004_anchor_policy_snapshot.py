@@ -5,8 +5,8 @@ pinned host memory (the anchor policy). Only get_actor_per_token_logps reads
 that copy, and GRPOLearner asks for it only when use_rollout_logps is off or
 sampler_is is "token"; MaxText's train_rl keeps Tunix's defaults, so at the
 pin the copy is taken at every step and never read (on the v5e at
-qwen3-0.6b the weight sync took 1.9-2.4 s of host time a step, the chip busy
-0.005 s of it: docs/hardware.md, the tenth session).
+qwen3-0.6b the pins' weight sync took 2.91 s a step, the overlay's 0.28 s:
+docs/hardware.md, "The pins side by side at qwen3-0.6b").
 
 With 0004, GRPOLearner turns the snapshot off where its config never reads
 it: no copy is taken at any sync, and the trained actor is the same as with
