@@ -92,6 +92,9 @@ class Family:
     overrides: dict = dataclasses.field(default_factory=dict)
     #: vLLM's own model for the family (train_rl's vllm_native), where family_sync.py runs it.
     vllm: VllmModel | None = None
+    #: The actor's scan_layers: MaxText's default (train_rl's actor), or the
+    #: unscanned model a recipe picks (Gemma 4's shipped recipe).
+    scan_layers: bool = True
 
 
 # MoE on the CPU: dense matmuls, no capacity limit.
@@ -100,6 +103,8 @@ _CPU_MOE = dict(megablox=False, sparse_matmul=False, capacity_factor=-1)
 _MOE = dict(num_experts=4, num_experts_per_tok=2, base_moe_mlp_dim=64, **_CPU_MOE)
 #: DeepSeek's multi-head latent attention, shrunk.
 _MLA = dict(q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8)
+#: Gemma 4's global layers' own heads, shrunk (kv heads: the target's tensor parallelism), and its MoE.
+_GEMMA4 = dict(global_head_dim=16, global_num_kv_heads=4, **_MOE)
 
 #: Every family MaxText 0.2.4's Tunix integration ships a weight mapping for
 #: (maxtext/integration/tunix/weight_mapping: deepseek3, gemma3, gpt_oss,
@@ -125,7 +130,19 @@ FAMILIES = {
     # as blocks `layers.layers_J` over 2 repeats, its MoE `GptOssMlp` prefused
     # (`wi`) in the target.
     "gpt-oss": Family("gpt-oss", "gpt-oss-20b", 4, _MOE),
+    # gemma4-26b (MoE with a shared expert) shrunk to 14 layers: its pattern
+    # of 6 (5 local, 1 global) scanned as Gemma4ScannableBlocks over 2
+    # repeats (`scanned_blocks.local_layers`, the 5 local layers scanned again
+    # inside each block, and `scanned_blocks.global_layer`), the last 2
+    # layers the block `layers_remainder` (`local_layers` of 2). Not in
+    # MaxText 0.2.4's Tunix mappings: its direct sync only.
+    "gemma4": Family("gemma4", "gemma4-26b", 14, _GEMMA4),
+    # The same model unscanned (scan_layers=False: the shipped recipe's).
+    "gemma4-unscanned": Family("gemma4-unscanned", "gemma4-26b", 14, _GEMMA4, scan_layers=False),
 }
+#: The Gemma 4 families (google-tunix 0005; MaxText 0.2.4's Tunix
+#: integration maps no Gemma 4).
+GEMMA4 = ("gemma4", "gemma4-unscanned")
 
 
 # The engine runs' dims (VllmModel), in MaxText's words and Hugging Face's;
@@ -219,7 +236,7 @@ def actor(family: Family, **dims):
     config = pyconfig.initialize(
         ["", os.path.join(_configs_dir(), "base.yml")],
         **(_TINY | dims), **family.overrides, model_name=family.model_name, base_num_decoder_layers=family.layers,
-        scan_layers=True, attention="dot_product", ici_fsdp_parallelism=len(jax.devices()), init_weights_seed=0,
+        scan_layers=family.scan_layers, attention="dot_product", ici_fsdp_parallelism=len(jax.devices()), init_weights_seed=0,
     )
     return model_creation_utils.from_pretrained(config, devices=jax.devices(), wrap_with_tunix_adapter=True)
 
@@ -412,6 +429,16 @@ def maxtext_pre_unroll(weights):
 # once here for every family; the tests check it against MaxText's own
 # pre-unroll where that runs. Parameters are scanned on MaxText's
 # `param_scan_axis` (1), Flax NNX's other state (rng counts and keys) on 0.
+#
+# Gemma 4 (Gemma4ScannableBlock, nnx_decoders._init_scanned_gemma4) scans its
+# pattern (GEMMA4_ATTENTION_PATTERN: 5 local layers, then 1 global) as a block
+# of its own: `scanned_blocks.local_layers` holds local slot J of repeat R at
+# index (R, J) (the blocks' scan outside, the local layers' scan inside: a
+# parameter (..., R, J, ...) from axis 1, rng state (R, J)),
+# `scanned_blocks.global_layer` the global layer of repeat R at index R; the
+# layers after the last repeat are the block `layers_remainder`, its
+# `local_layers` at index J (and a `global_layer` unstacked). An unscanned
+# model holds `layers_K` as the target does.
 
 
 _LAYER = re.compile(r"^layers_(\d+)$")
@@ -424,16 +451,21 @@ def is_layer_path(path) -> bool:
     return any(isinstance(part, str) and _STACKED.match(part) for part in path)
 
 
-def layer_source(target_path: tuple, source_paths, layers: int) -> tuple[tuple, int | None]:
-    """(source path, index on its scan axis, or None: the source is that layer
-    alone) of the unrolled target layer leaf `target_path` (under the runner's
-    `model`), in a scanned source whose paths (under `base`) are
+def layer_source(target_path: tuple, source_paths, layers: int) -> tuple[tuple, int | tuple[int, int] | None]:
+    """(source path, index on its scan axis (Gemma 4's local layers: the
+    indices on its two, outer first), or None: the source is that layer
+    alone) of the unrolled target layer leaf `target_path` (under the
+    runner's `model`), in a source whose paths (under `base`) are
     `source_paths`, of a model of `layers` decoder layers."""
     i = next(j for j, part in enumerate(target_path) if isinstance(part, str) and _STACKED.match(part))
     stacked = _STACKED.match(target_path[i])
     assert stacked is not None  # (found by it above)
     name, k = stacked.group(1), int(stacked.group(2))
     prefix, suffix = ("base",) + tuple(target_path[1:i]), tuple(target_path[i + 1:])
+    if prefix + (target_path[i],) + suffix in source_paths:
+        return prefix + (target_path[i],) + suffix, None  # unscanned
+    if name == "layers" and any(tuple(path[:i + 1]) == prefix + ("scanned_blocks",) for path in source_paths):
+        return _gemma4_layer_source(prefix, suffix, k, layers)
 
     def slots_under(stack: str) -> set[int]:
         found = set()
@@ -451,6 +483,23 @@ def layer_source(target_path: tuple, source_paths, layers: int) -> tuple[tuple, 
     if k < repeats * len(slots):
         return prefix + (name, f"layers_{k % len(slots)}") + suffix, k // len(slots)
     return prefix + (f"{name}_remainder", f"layers_{k - repeats * len(slots)}") + suffix, None
+
+
+def _gemma4_layer_source(prefix: tuple, suffix: tuple, k: int, layers: int):
+    """layer_source of layer `k` in Gemma 4's scanned blocks, by MaxText's pattern."""
+    from maxtext.common.common_types import AttentionType
+    from maxtext.models import gemma4
+
+    pattern = gemma4.GEMMA4_ATTENTION_PATTERN
+    repeats = layers // len(pattern)
+    block, slot = ("scanned_blocks", k % len(pattern)) if k < repeats * len(pattern) else \
+        ("layers_remainder", k - repeats * len(pattern))
+    local = sum(1 for kind in pattern[:slot] if kind == AttentionType.LOCAL_SLIDING)
+    is_local = pattern[slot] == AttentionType.LOCAL_SLIDING
+    path = prefix + (block, "local_layers" if is_local else "global_layer") + suffix
+    if block == "scanned_blocks":
+        return path, ((k // len(pattern), local) if is_local else k // len(pattern))
+    return path, (local if is_local else None)
 
 
 def per_layer_rng_source(target_path: tuple, family: Family, source_paths) -> tuple[tuple, int | None]:
@@ -479,7 +528,9 @@ def unrolled_params(actor_model, family: Family, target_paths) -> dict:
             out[path] = None
             continue
         value = source[src]
-        out[path] = np.asarray(value if index is None else jnp.take(value, index, axis=PARAM_SCAN_AXIS))
+        for i in () if index is None else index if isinstance(index, tuple) else (index,):
+            value = jnp.take(value, i, axis=PARAM_SCAN_AXIS)
+        out[path] = np.asarray(value)
     return out
 
 
