@@ -154,6 +154,13 @@ _ENGINE = dict(base_emb_dim=128, base_num_query_heads=8, base_num_kv_heads=8, he
 _HF_ENGINE = dict(hidden_size=128, num_attention_heads=8, num_key_value_heads=8, head_dim=128, intermediate_size=256,
                   vocab_size=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2, max_position_embeddings=512)
 
+_GEMMA4_ENGINE = VllmModel(
+    _ENGINE | {"global_head_dim": 128, "global_num_kv_heads": 8, "base_moe_mlp_dim": 128},
+    _HF_ENGINE | {"architectures": ["Gemma4ForCausalLM"], "global_head_dim": 128, "num_global_key_value_heads": 8,
+                  "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 128},
+    text_config=True)
+
+
 def _in_vllm(name: str, vllm: VllmModel) -> Family:
     """FAMILIES[name], the same actor (the engine's dims over its own), with vLLM's own model for it."""
     return dataclasses.replace(FAMILIES[name], vllm=vllm)
@@ -203,6 +210,13 @@ VLLM_FAMILIES = {
         # (gpt_oss.py: `dtype: jnp.dtype = jnp.bfloat16`), and its hd64
         # attention kernel refuses a float32 KV cache: rl.yml's bfloat16.
         dtype="bfloat16")),
+    # gemma4-26b (MoE): heads of 128, its global layers' too (8 KV heads: the
+    # tensor parallelism), 4 experts; scanned (train_rl's actor) and unscanned;
+    # 12 layers, 2 blocks and no remainder, as gemma4-26b's 30 and -31b's 60
+    # (MaxText 0.2.4's forward of a scanned remainder reads `config.lora`,
+    # which train_rl's RLConfig lacks: an AttributeError in the reference).
+    "gemma4": dataclasses.replace(FAMILIES["gemma4"], layers=12, vllm=_GEMMA4_ENGINE),
+    "gemma4-unscanned": dataclasses.replace(FAMILIES["gemma4-unscanned"], layers=12, vllm=_GEMMA4_ENGINE),
     # deepseek3-671b: 3 dense layers and 1 MoE layer, as tpu-inference's JAX
     # DeepseekV3 builds it (deepseek_v3.py's module constants: the 671B's dims,
     # first_k_dense_replace 3, the embedding's vocabulary 129280; only the
@@ -502,8 +516,8 @@ def _gemma4_layer_source(prefix: tuple, suffix: tuple, k: int, layers: int):
     return path, (local if is_local else None)
 
 
-def per_layer_rng_source(target_path: tuple, family: Family, source_paths) -> tuple[tuple, int | None]:
-    """(actor state path, layer index or None) of the rng leaf that this target
+def per_layer_rng_source(target_path: tuple, family: Family, source_paths) -> tuple[tuple, int | tuple[int, int] | None]:
+    """(actor state path, layer index (Gemma 4's local layers: two) or None) of the rng leaf that this target
     layer leaf stands for: the same Variable of the same layer (MaxText's
     unrolls drop rng state, so only the layout says which)."""
     return layer_source(target_path, source_paths, family.layers)

@@ -193,6 +193,7 @@ def argv_for(family: maxtext_models.Family, configuration: Configuration, work: 
         "override_model_config=True", *dims,
         # the family's dtype (VllmModel.dtype: float32 but where the engine's model cannot)
         f"weight_dtype={family.vllm.dtype}", f"dtype={family.vllm.dtype}",
+        *([] if family.scan_layers else ["scan_layers=False"]),  # the actor as the family builds it
         *train_rl_inputs.data_argv(inputs),
         "max_prefill_predict_length=32", "max_target_length=48", "kv_cache_buffer=16",
         "use_pathways=False", "enable_checkpointing=False",
