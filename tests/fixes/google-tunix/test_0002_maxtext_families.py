@@ -28,12 +28,11 @@ full matrix every family.
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 
 import pytest
 
-from support.fixes import maxtext_models, maxtext_shims
+from support.fixes import maxtext_models, maxtext_shims, unpatched
 
 pytestmark = [
     pytest.mark.skipif(
@@ -62,23 +61,7 @@ PRE_UNROLL_STOPS = {"gpt-oss"}
 @pytest.fixture(scope="module")
 def modules():
     """(the pins' transfer_state_directly, the series' before 0002, the installed)."""
-    from tunix.generate import utils as patched
-
-    from support.fixes.unpatched import load_before, load_unpatched
-
-    pins = load_unpatched("google-tunix", "tunix.generate.utils")
-    before = load_before("google-tunix", "tunix.generate.utils", "0002", "tunix_generate_utils_before_0002")
-    # They must really differ, or every "before" below proves nothing.
-    assert "target_layer_pattern" in pathlib.Path(patched.__file__).read_text()
-    assert "target_layer_pattern" not in pathlib.Path(before.__file__).read_text()
-    return pins, before, patched
-
-
-def _weights_required():
-    """What VllmSampler.update_params passes: every nnx.Param of the target must be reached."""
-    from flax import nnx
-
-    return {"weight_types": (nnx.Param,)}
+    return unpatched.tunix_sync_modules("0002", "target_layer_pattern")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -134,7 +117,7 @@ def test_every_target_weight_gets_the_actors_value(family_models, modules, famil
     # -- the overlay, every weight required as the rollout's sync requires it
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        out = models.outcome(models.sync(patched, source, **_weights_required()))
+        out = models.outcome(models.sync(patched, source, **unpatched.weights_required()))
     assert not out["wrong"] and not out["stale"], (out["wrong"][:3], out["stale"][:3])
     assert len(out["exact"]) == len(models.expected) and not out["sharding"], out["sharding"][:3]
     assert not [r for r in caplog.records if "transfer_state_directly" in r.getMessage()]

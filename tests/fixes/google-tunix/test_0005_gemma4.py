@@ -26,12 +26,11 @@ Not in the quick matrix: the two models take minutes to build.
 from __future__ import annotations
 
 import os
-import pathlib
 import types
 
 import pytest
 
-from support.fixes import maxtext_models, maxtext_shims
+from support.fixes import maxtext_models, maxtext_shims, unpatched
 
 pytestmark = [
     pytest.mark.skipif(
@@ -55,23 +54,7 @@ TRAIN_RL, TUNIX = "param-only, MaxText pre-unroll", "param-only"
 @pytest.fixture(scope="module")
 def modules():
     """(the pins' transfer_state_directly, the series' before 0005, the installed)."""
-    from tunix.generate import utils as patched
-
-    from support.fixes.unpatched import load_before, load_unpatched
-
-    pins = load_unpatched("google-tunix", "tunix.generate.utils")
-    before = load_before("google-tunix", "tunix.generate.utils", "0005", "tunix_generate_utils_before_0005")
-    # They must really differ, or every "before" below proves nothing.
-    assert "_split_local_layer_scans" in pathlib.Path(patched.__file__).read_text()
-    assert "_split_local_layer_scans" not in pathlib.Path(before.__file__).read_text()
-    return pins, before, patched
-
-
-def _weights_required():
-    """What VllmSampler.update_params passes: every nnx.Param of the target must be reached."""
-    from flax import nnx
-
-    return {"weight_types": (nnx.Param,)}
+    return unpatched.tunix_sync_modules("0005", "_split_local_layer_scans")
 
 
 def test_the_layout_is_maxtexts_checkpoint_mapping(family_models):
@@ -152,12 +135,12 @@ def test_every_target_weight_gets_the_actors_value(family_models, modules, famil
     if scanned:
         # Before 0005 the rollout's sync (0003) stops, naming them.
         with pytest.raises(ValueError, match=f"{len(layers)} of {len(models.expected)} target weights would keep"):
-            models.sync(before, source, **_weights_required())
+            models.sync(before, source, **unpatched.weights_required())
 
     # -- the overlay, every weight required as the rollout's sync requires it
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        out = models.outcome(models.sync(patched, source, **_weights_required()))
+        out = models.outcome(models.sync(patched, source, **unpatched.weights_required()))
     assert not out["wrong"] and not out["stale"], (out["wrong"][:3], out["stale"][:3])
     assert len(out["exact"]) == len(models.expected) and not out["sharding"], out["sharding"][:3]
     assert not [r for r in caplog.records if "transfer_state_directly" in r.getMessage()]
@@ -191,7 +174,7 @@ def test_a_scanned_target_keeps_the_scanned_names(family_models, modules):
     models = family_models("gemma4")
     source = maxtext_models.param_state(models.actor)["base"]
     dst = jax.tree.map(lambda x: x * 0, source)
-    patched.transfer_state_directly(source, dst, reshard_fn=reshard.reshard_pytree, **_weights_required())
+    patched.transfer_state_directly(source, dst, reshard_fn=reshard.reshard_pytree, **unpatched.weights_required())
     got = {tuple(p): v[...] for p, v in nnx.to_flat_state(dst)}
     want = {tuple(p): v[...] for p, v in nnx.to_flat_state(source)}
     assert got.keys() == want.keys()

@@ -235,3 +235,25 @@ def _keep_dir() -> pathlib.Path:
     if not _KEEP:
         _KEEP.append(tempfile.TemporaryDirectory(prefix=_KEEP_PREFIX))
     return pathlib.Path(_KEEP[0].name)
+
+
+def tunix_sync_modules(patch_prefix: str, marker: str) -> tuple[Any, Any, Any]:
+    """Tunix's tunix.generate.utils three ways: the pins', the series' before
+    `patch_prefix`, and the installed one; `marker` (a name the patch adds)
+    is in the installed file and not in the one before it, or every
+    "before" a test shows proves nothing."""
+    from tunix.generate import utils as patched
+
+    pins = load_unpatched("google-tunix", "tunix.generate.utils")
+    name = f"tunix_generate_utils_before_{patch_prefix}"
+    before = load_before("google-tunix", "tunix.generate.utils", patch_prefix, name)
+    assert marker in pathlib.Path(patched.__file__).read_text()
+    assert marker not in pathlib.Path(before.__file__).read_text()
+    return pins, before, patched
+
+
+def weights_required() -> dict[str, Any]:
+    """What VllmSampler.update_params passes transfer_state_directly: every nnx.Param of the target must be reached."""
+    from flax import nnx
+
+    return {"weight_types": (nnx.Param,)}
