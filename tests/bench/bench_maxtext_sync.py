@@ -1,5 +1,5 @@
 """Benchmark: the weight sync train_rl runs between real MaxText models, of
-growing size, against a plain on-device copy of the same bytes, in one run.
+growing size, against a one-program copy of the same bytes, in one run.
 
     PYTHON tests/bench/bench_maxtext_sync.py [--platform cpu|tpu] [--sizes S,M,...] [--runs N] [--json FILE]
 
@@ -9,48 +9,38 @@ the matrix's MaxText cell venv, or the TPU cell's install.) `--platform cpu`
 chips, however many.
 
 For each size (SIZES: llama3-shaped MaxText models, bfloat16 weights, from a
-few million parameters to about a billion) it builds, by MaxText's own code
-(support/fixes/maxtext_models.py), train_rl's actor (scanned layers, the
-Tunix adapter, fsdp over the devices) and the rollout's target (MaxText's
-vLLM model after its own load_weights: unrolled layers, on the rollout's
-mesh), then times, after one warm-up, the median of RUNS of each, every one
-blocked until the target's arrays are ready:
+few million parameters to about a billion, and MaxText's qwen3-0.6b) it
+builds, by MaxText's own code (support/fixes/maxtext_models.py), train_rl's
+actor (scanned layers, the Tunix adapter, fsdp over the devices) and the
+rollout's target (MaxText's vLLM model after its own load_weights: unrolled
+layers, on the rollout's mesh), then times, after one warm-up, the median of
+RUNS of each, every one blocked until the target's arrays are ready:
 
-  maxtext sync   MaxTextVllmSampler's sync for maxtext_on_vllm: MaxText's
-                 pre-unroll of nnx.state(actor, nnx.Param), then Tunix's
-                 transfer_state_directly with reshard_pytree
-  stacked sync   the whole nnx.state(actor) (rng state too) through
-                 transfer_state_directly, which unstacks the scanned layers
-                 itself (smoke's MaxText sync)
-  copy           a plain on-device copy of the target's parameters
-                 (jnp.array(x, copy=True)): the same bytes, nothing else
+  overlay sync   the sync train_rl runs on the overlay (maxtext_on_vllm):
+                 MaxText's sampler hands nnx.state(actor, nnx.Param) to
+                 Tunix's transfer_state_directly as Tunix's VllmSampler
+                 calls it (reshard_pytree, the old buffers deleted, every
+                 weight required), which runs it as one compiled program
+                 (google-tunix 0006); its first call, which traces and
+                 compiles that program, is timed apart (first sync)
+  leaf-by-leaf sync
+                 the same call through the series before 0006: the
+                 mapping dispatched leaf by leaf, then reshard_pytree
+  pins' sync     what train_rl ran at the pins: MaxText 0.2.4's eager
+                 pre-unroll (one jnp.take per layer per weight), then the
+                 pins' transfer_state_directly
+  copy           a plain on-device copy of the target's parameters, array
+                 by array (jnp.array(x, copy=True))
   one-program copy
                  the same copy compiled as one program (jax.jit of
-                 jnp.copy over every array): no dispatch per array, so
-                 bounded by the memory's bandwidth; the row says whether
-                 its outputs are new buffers (that it copied)
-  one-program sync
-                 a prototype, not the overlay's code: MaxText's sync
-                 (its pre-unroll, then Tunix's transfer_state_directly)
-                 traced once into one jitted program from the actor's
-                 parameters to the target's (the reshard left to the
-                 program's output shardings, the target's), then the
-                 outputs put into the target's variables: what turning the
-                 per-leaf sync into one compiled program would give; its
-                 outputs are checked equal to MaxText's sync's
-  walk           the Python part alone: the same sync with every array
-                 operation abstract (jax.eval_shape of the traced program's
-                 Python, traced anew each time: the walk, the key matching,
-                 the tree rebuilding and jax's tracing of each op, no device
-                 work)
-  dispatch       MaxText's sync without waiting for its arrays: the host's
-                 share of it (its walk and its per-array dispatches); the
-                 rest of "maxtext sync" is the wait for the devices
+                 jnp.copy over every array): the same bytes moved once, at
+                 the memory's speed (the row says whether its outputs are
+                 new buffers: that it copied)
 
-and gives each as GB/s of the target's parameter bytes, and the syncs'
-seconds as ratios to the one-program copy's (the headline: the same bytes
-moved once, at the memory's speed) and to the array-by-array copy's. A size
-that does not fit the devices' memory is said (with the error) and the
+and gives each as GB/s of the target's parameter bytes, and each sync's
+seconds as a ratio to the one-program copy's (the headline) and to the
+overlay sync's. The three syncs' targets are checked equal, leaf by leaf. A
+size that does not fit the devices' memory is said (with the error) and the
 larger ones are not tried. Asserts nothing.
 """
 
@@ -78,11 +68,11 @@ SIZES: dict[str, dict[str, Any]] = {
                  vocab_size=32000, layers=16),
     # The user shape's maxtext_on_vllm model (tests/support/fixes/train_rl_inputs.py's USER_MODELS): MaxText's
     # qwen3-0.6b, its own dims (its configs/models/qwen3-0.6b.yml's, given again: the test models' tiny ones
-    # are the defaults), synced through MaxText's qwen pre-unroll as train_rl syncs it.
+    # are the defaults); at the pins train_rl synced it through MaxText's qwen pre-unroll (pins' sync).
     "qwen3-0.6b": dict(family="qwen3", model_name="qwen3-0.6b", base_emb_dim=1024, base_num_query_heads=16,
                        base_num_kv_heads=8, head_dim=128, base_mlp_dim=3072, vocab_size=151936, layers=28),
 }
-DEFAULT_SIZES = {"cpu": ("5M", "180M"), "tpu": ("5M", "180M", "470M", "1.1B")}
+DEFAULT_SIZES = {"cpu": ("5M", "180M"), "tpu": ("5M", "qwen3-0.6b", "1.1B")}
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -133,33 +123,37 @@ def render(row: dict[str, Any]) -> str:
     if "error" in row:
         return f"{row['size']:>6}  {row['error']}"
     gb = row["bytes"] / 1e9
-    return (f"{row['size']:>6}  {row['params'] / 1e6:8.1f} M params  {gb:6.3f} GB  "
-            f"maxtext sync {row['maxtext_sync_s']:.3f} s ({gb / row['maxtext_sync_s']:.2f} GB/s)  "
-            f"stacked sync {row['stacked_sync_s']:.3f} s ({gb / row['stacked_sync_s']:.2f} GB/s)  "
-            f"copy {row['copy_s']:.4f} s ({gb / row['copy_s']:.2f} GB/s)  "
-            f"one-program copy {row['copy_program_s']:.4f} s ({gb / row['copy_program_s']:.2f} GB/s"
-            f"{'' if row['copy_program_copied'] else ', NOT a copy: its outputs are its inputs'})  "
-            f"one-program sync {row['program_sync_s']:.4f} s ({'equal' if row['program_sync_equal'] else 'NOT equal'} to MaxText's), "
-            f"walk {row['walk_s']:.4f} s, dispatch {row['dispatch_s']:.4f} s ({row['leaves']} target arrays); "
-            f"sync/copy: maxtext {row['maxtext_sync_s'] / row['copy_s']:.1f}x, stacked {row['stacked_sync_s'] / row['copy_s']:.1f}x; "
-            f"sync/one-program copy: maxtext {row['maxtext_sync_per_copy_program']:.1f}x, stacked {row['stacked_sync_per_copy_program']:.1f}x, "
-            f"one-program sync {row['program_sync_per_copy_program']:.1f}x")
+
+    def rate(label: str) -> str:
+        return f"{row[label]:.4f} s ({gb / row[label]:.2f} GB/s)"
+
+    return (f"{row['size']:>10}  {row['params'] / 1e6:8.1f} M params  {gb:6.3f} GB  {row['leaves']} target arrays\n"
+            f"{'':>12}overlay sync {rate('overlay_sync_s')}, first sync {row['first_sync_s']:.2f} s; "
+            f"leaf-by-leaf sync {rate('leaf_sync_s')}; pins' sync {rate('pins_sync_s')}; "
+            f"copy {rate('copy_s')}; one-program copy {rate('copy_program_s')}"
+            f"{'' if row['copy_program_copied'] else ' (NOT a copy: its outputs are its inputs)'}\n"
+            f"{'':>12}targets {'equal' if row['syncs_equal'] else 'NOT equal'} across the three syncs; "
+            f"sync / one-program copy: overlay {row['overlay_sync_per_copy_program']:.2f}x, "
+            f"leaf-by-leaf {row['leaf_sync_per_copy_program']:.1f}x, pins' {row['pins_sync_per_copy_program']:.1f}x; "
+            f"against the overlay's: leaf-by-leaf {row['leaf_sync_s'] / row['overlay_sync_s']:.1f}x, "
+            f"pins' {row['pins_sync_s'] / row['overlay_sync_s']:.1f}x")
 
 
 def measure(name: str, runs: int) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from tunix.generate import utils
     from tunix.rl import reshard
 
-    from support.fixes import maxtext_models
+    from support.fixes import maxtext_models, unpatched
 
+    pins, leaf_by_leaf, overlay = unpatched.tunix_sync_modules("0006", "_SyncProgram")
     dims = dict(SIZES[name])
     family = maxtext_models.Family(dims.pop("family", "llama3"), dims.pop("model_name", "llama3.1-8b"), dims.pop("layers"))
     dims |= {"weight_dtype": "bfloat16", "dtype": "bfloat16"}
     actor, _ = maxtext_models.actor(family, **dims)
     target = maxtext_models.target(family, **dims)
+
     def target_params() -> list[Any]:
         return [v[...] for _, v in nnx.to_flat_state(target) if isinstance(v, nnx.Param)]
 
@@ -169,19 +163,20 @@ def measure(name: str, runs: int) -> dict[str, Any]:
     def block() -> None:
         jax.block_until_ready([v[...] for _, v in nnx.to_flat_state(target)])
 
-    def maxtext_sync_dispatch() -> None:
-        source = maxtext_models.maxtext_pre_unroll(maxtext_models.param_state(actor))
-        utils.transfer_state_directly(source, target, reshard_fn=reshard.reshard_pytree)
+    # As Tunix's VllmSampler.update_params calls it for a direct sync.
+    sampler_args = dict(reshard_fn=reshard.reshard_pytree, delete_dst_buffers=True, **unpatched.weights_required())
 
-    def maxtext_sync() -> None:
-        maxtext_sync_dispatch()
+    def overlay_sync() -> None:
+        overlay.transfer_state_directly(maxtext_models.param_state(actor), target, **sampler_args)
         block()
 
-    def dispatch() -> None:  # timed up to the return, then waited for outside the timing (below)
-        maxtext_sync_dispatch()
+    def leaf_sync() -> None:
+        leaf_by_leaf.transfer_state_directly(maxtext_models.param_state(actor), target, **sampler_args)
+        block()
 
-    def stacked_sync() -> None:
-        utils.transfer_state_directly(nnx.state(actor), target, reshard_fn=reshard.reshard_pytree)
+    def pins_sync() -> None:
+        source = maxtext_models.maxtext_pre_unroll(maxtext_models.param_state(actor))
+        pins.transfer_state_directly(source, target, reshard_fn=reshard.reshard_pytree)
         block()
 
     def copy() -> None:
@@ -194,85 +189,36 @@ def measure(name: str, runs: int) -> dict[str, Any]:
     def copy_program() -> None:
         jax.block_until_ready(copy_all(target_params()))
 
-    program, assign, walk = one_program_sync(actor, target, maxtext_models)
-
-    def program_sync() -> None:
-        assign(program())
-        block()
-
     row: dict[str, Any] = {"size": name, "params": size, "bytes": nbytes, "layers": family.layers, **dims,
                            "leaves": len(target_params())}
-    # The prototype's outputs against MaxText's sync's (both from the same actor).
-    maxtext_sync()
-    expected = [jnp.array(x, copy=True) for x in target_params()]
-    program_sync()
-    row["program_sync_equal"] = all(bool(jnp.array_equal(a, b)) for a, b in zip(expected, target_params(), strict=True))
-    del expected
-    timed: list[tuple[str, Any]] = [("maxtext_sync_s", maxtext_sync), ("stacked_sync_s", stacked_sync), ("copy_s", copy),
-                                     ("copy_program_s", copy_program), ("program_sync_s", program_sync), ("walk_s", walk),
-                                     ("dispatch_s", dispatch)]
+    began = time.perf_counter()
+    overlay_sync()  # traces and compiles the program
+    row["first_sync_s"] = time.perf_counter() - began
+    # The three syncs write the same target, leaf by leaf.
+    written = [jnp.array(x, copy=True) for x in target_params()]
+    equal = True
+    for other in (leaf_sync, pins_sync):
+        other()
+        equal = equal and all(bool(jnp.array_equal(a, b)) for a, b in zip(written, target_params(), strict=True))
+    row["syncs_equal"] = equal
+    del written
+    timed: list[tuple[str, Any]] = [("overlay_sync_s", overlay_sync), ("leaf_sync_s", leaf_sync),
+                                     ("pins_sync_s", pins_sync), ("copy_s", copy), ("copy_program_s", copy_program)]
     for label, run in timed:
         run()  # warm-up: the programs compiled
-        block()
         seconds = []
         for _ in range(runs):
             gc.collect()
             began = time.perf_counter()
             run()
             seconds.append(time.perf_counter() - began)
-            block()  # the dispatch's devices' work, outside its timing
         row[label] = statistics.median(seconds)
-    for label in ("maxtext_sync_s", "stacked_sync_s", "program_sync_s"):
-        row[label.removesuffix("_s") + "_per_copy"] = row[label] / row["copy_s"]
+    for label in ("overlay_sync_s", "leaf_sync_s", "pins_sync_s"):
         row[label.removesuffix("_s") + "_per_copy_program"] = row[label] / row["copy_program_s"]
     # The program's outputs are new buffers (not its inputs handed back): it copied.
     params, copies = target_params(), copy_all(target_params())
     row["copy_program_copied"] = all(_buffer(a) != _buffer(b) for a, b in zip(params, copies, strict=True))
     return row
-
-
-def one_program_sync(actor: Any, target: Any, maxtext_models: Any) -> tuple[Any, Any, Any]:
-    """The prototype (see the module's docstring): (program, assign, walk).
-    `program()` runs MaxText's pre-unroll and Tunix's transfer_state_directly
-    traced into one jitted program (traced once, on the first call) and
-    returns the target's new arrays; `assign(arrays)` puts them into the
-    target's variables; `walk()` runs the same Python under jax.eval_shape
-    (no device work)."""
-    import jax
-    from flax import nnx
-    from tunix.generate import utils
-
-    def keep(source: Any, target: Any) -> Any:  # reshard_fn: the program's out_shardings reshard
-        return source
-
-    source_state = maxtext_models.param_state(actor)
-    source_leaves, source_def = jax.tree_util.tree_flatten(source_state)
-    target_vars = [v for _, v in nnx.to_flat_state(target)]
-    target_leaves, target_def = jax.tree_util.tree_flatten(target)
-    shardings = [x.sharding for x in target_leaves]
-
-    def traced(source_leaves: list[Any]) -> list[Any]:
-        source = maxtext_models.maxtext_pre_unroll(jax.tree_util.tree_unflatten(source_def, source_leaves))
-        # A copy of the target's tree holding its (concrete) arrays: Tunix reads their shapes and shardings,
-        # then puts the traced values into the copy's variables, never into the target's.
-        dst = jax.tree_util.tree_unflatten(target_def, target_leaves)
-        utils.transfer_state_directly(source, dst, reshard_fn=keep)
-        return jax.tree_util.tree_leaves(dst)
-
-    compiled = jax.jit(traced, out_shardings=shardings)
-
-    def program() -> list[Any]:
-        return compiled(jax.tree_util.tree_leaves(maxtext_models.param_state(actor)))
-
-    def assign(arrays: list[Any]) -> None:
-        for var, array in zip(target_vars, arrays, strict=True):
-            var.value = array
-
-    def walk() -> None:
-        # A new function each time: jax caches a trace by its function, and the walk is what is timed.
-        jax.eval_shape(lambda leaves: traced(leaves), source_leaves)
-
-    return program, assign, walk
 
 
 def _buffer(array: Any) -> int:

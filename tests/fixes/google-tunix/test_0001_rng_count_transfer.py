@@ -42,7 +42,7 @@ from support.fixes import maxtext_shims
 from support.fixes.matrix import AXIS_TYPES
 from support.fixes.meshes import make_mesh
 from support.fixes.tunix_errors import SCALAR_RNG, STACKED_RNG, assert_report_error
-from support.fixes.unpatched import load_unpatched
+from support.fixes.unpatched import load_before, load_unpatched
 
 D, H, F = 8, 4, 16  # embed dim, head dim, mlp dim: tiny, the layer count matters
 SCAN_AXIS = 1  # transfer_state_directly's default, what MaxText uses
@@ -214,33 +214,38 @@ def test_scalar_rng_count_upstream_fails(upstream, mesh):
 
 
 def test_scalar_rng_count_fixed_and_shared(mesh):
+    """The scalar count reaches all 34 layers. Leaf by leaf (0001 alone, the
+    series before 0006) the reshard is handed the one source buffer for every
+    layer and, both sides replicated, leaves them all on it; the installed
+    sync (0006: one program, its outputs its own) writes each layer's count
+    into a buffer of its own, none of them the source's."""
     L = 34
+    leaf_by_leaf = load_before("google-tunix", "tunix.generate.utils", "0006", "tunix_generate_utils_before_0006")
     src = _source(mesh, L, rng="scalar")
     scalar = src["base"]["decoder"]["layers"]["dropout"]["rngs"]["params"]["count"][...]
+    source_buffers = {tuple(s.data.unsafe_buffer_pointer() for s in scalar.addressable_shards)}
     seen = {}
 
     def recording_reshard(source, target):
         seen.update(jax.tree_util.tree_flatten_with_path(source)[0])
         return reshard.reshard_pytree(source, target)
 
-    dst = _target(mesh, L)
-    patched.transfer_state_directly(src, dst, reshard_fn=recording_reshard)
-    flat = _flat(dst)
-    rng_paths = [p for p in flat if _is_rng(p)]
-    assert len(rng_paths) == L
-    for i in range(L):
-        assert int(flat[_layer_path(i, RNG)]) == 41
-    # One buffer for all 34 layers, handed to the reshard as the same array.
-    given = [v for k, v in seen.items() if tuple(getattr(p, "key", p) for p in k)[-4:] == RNG]
-    assert len(given) == L
-    assert all(v is scalar for v in given)
-    # Source and target are both replicated, so the reshard moves nothing and
-    # all 34 target layers end up on the source's buffers.
-    buffers = {
-        tuple(s.data.unsafe_buffer_pointer() for s in flat[p].addressable_shards)
-        for p in rng_paths
-    }
-    assert buffers == {tuple(s.data.unsafe_buffer_pointer() for s in scalar.addressable_shards)}
+    for module in (leaf_by_leaf, patched):
+        dst = _target(mesh, L)
+        module.transfer_state_directly(src, dst, reshard_fn=recording_reshard)
+        flat = _flat(dst)
+        rng_paths = [p for p in flat if _is_rng(p)]
+        assert len(rng_paths) == L
+        for i in range(L):
+            assert int(flat[_layer_path(i, RNG)]) == 41
+        buffers = {tuple(s.data.unsafe_buffer_pointer() for s in flat[p].addressable_shards) for p in rng_paths}
+        if module is leaf_by_leaf:
+            given = [v for k, v in seen.items() if tuple(getattr(p, "key", p) for p in k)[-4:] == RNG]
+            assert len(given) == L
+            assert all(v is scalar for v in given)
+            assert buffers == source_buffers
+        else:
+            assert len(buffers) == L and not buffers & source_buffers
 
 
 # -- more layers than the workaround's fixed 256 ------------------------------
