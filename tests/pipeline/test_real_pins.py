@@ -38,6 +38,8 @@ def test_committed_constraints_carry_the_hashes_of_a_build_from_the_pins(tmp_pat
     proc = run_tool(ROOT, *args, cache=cache_dir)
     assert proc.returncode == 0, proc.stderr
     committed = (ROOT / "constraints.txt").read_text()
+    # The committed file is the lock: a release the registry lists late, uploaded before the cutoff, moves no pin.
+    assert f"[constraints] keeping the pins of {ROOT / 'constraints.txt'} where they resolve" in proc.stderr, proc.stderr
     for line in (out / "SHA256SUMS").read_text().splitlines():
         sha, wheel = line.split()
         assert f"--hash=sha256:{sha}" in committed, f"{wheel}: the committed constraints.txt does not carry {sha}"

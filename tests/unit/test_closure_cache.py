@@ -162,6 +162,19 @@ def test_the_cutoff_reaches_uv_and_no_output_file_is_there_to_prefer(resolver):
     assert log.read_text() == "compile\n", "uv was given an existing output file: its pins would be preferences"
 
 
+def test_the_lock_is_uvs_output_file_and_part_of_the_key(resolver):
+    """The committed file's pins (closures.resolve's `prefer`) reach uv as
+    the output file it keeps pins of; other preferences, another answer."""
+    index, cache, _ = resolver
+    closures.resolve(index, "maxtext-rl-overlay[maxtext]==0.1.0", "python3", _env(), cutoff=CUTOFF, cache=cache, prefer="jax==0.8.0\n")
+    log = pathlib.Path(os.environ["FAKE_UV_LOG"])
+    assert log.read_text() == "compile\nan output file to keep pins of\n"
+    closures.resolve(index, "maxtext-rl-overlay[maxtext]==0.1.0", "python3", _env(), cutoff=CUTOFF, cache=cache, prefer="jax==0.7.0\n")
+    _resolve(index, cache)
+    _resolve(index, cache)
+    assert log.read_text().count("compile") == 3, "each set of preferences is its own resolution, and none is another's"
+
+
 def test_refresh_resolves_afresh_and_a_cached_answer_has_no_age(resolver, monkeypatch, capsys):
     """With the cutoff in the key, a cached answer is what a fresh resolution
     gives on any day: it is reused however old (a day-old one was resolved

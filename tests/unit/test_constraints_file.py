@@ -111,12 +111,34 @@ def test_one_cutoff_one_closure_whatever_the_caches_hold_and_the_registry_got_si
     assert "mrl-probe==1.0 " in first
 
 
+def test_a_release_listed_late_moves_no_pin_of_the_committed_file(registry, tmp_path, monkeypatch):
+    """A registry (or a mirror of one) can list a release uploaded before
+    the cutoff only after the project's constraints.txt was made: uv would
+    then pick it at the same cutoff. The committed file resolved against
+    that cutoff is the lock: its third-party pins, given as preferences,
+    keep the closure; our own builds' pins are never preferences, and a
+    file of another cutoff gives none (a moved cutoff resolves afresh)."""
+    idx, served, index = registry
+    monkeypatch.setenv("MRL_REFRESH", "1")
+    committed = _constraints(closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "cache"))
+    installable_wheel(served, "mrl-probe", "1.0.1")  # listed now, uploaded before the cutoff
+    index.uploaded["mrl_probe-1.0.1-py3-none-any.whl"] = "2026-11-30T17:12:33Z"
+    fresh = closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "cache")
+    assert "\nmrl-probe==1.0.1 " in fresh, "without the lock the late listing moves the pin"
+    prefer = constraintsfile.lock_preferences(committed, CUTOFF, {"maxtext-rl-overlay"})
+    assert prefer == "mrl-probe==1.0\ntorch==2.11.0\ntorchvision==0.26.0\n", prefer
+    kept = closures.resolve(idx, REQUIREMENT, sys.executable, _env(()), cutoff=CUTOFF, cache=tmp_path / "cache", prefer=prefer)
+    assert closures.pins(kept) == closures.pins(committed), kept
+    assert constraintsfile.lock_preferences(committed, "2026-12-05T12:00:00Z", set()) == "", "another cutoff's file is no lock"
+    assert constraintsfile.lock_preferences(committed.replace(constraintsfile.CONSTRAINTS_HEADER, "# a file"), CUTOFF, set()) == ""
+
+
 def _constraints(closure: str, cutoff: str = CUTOFF) -> str:
     inputs = {"maxtext-rl-overlay": "a" * 64, "google-tunix": "b" * 64}
     return constraintsfile.constraints_text(closure, {}, "./dist", notes=[], env=_env(()), made_by=MADE_BY, inputs=inputs, cutoff=cutoff)
 
 
-def test_the_file_a_build_replaces_is_a_witness_not_a_preference(tmp_path, capsys):
+def test_the_file_a_build_replaces_is_a_witness(tmp_path, capsys):
     """Made from the same inputs, its pins must be the new closure's, or the
     registry moved under the cutoff (a release yanked or deleted since): the
     build stops, naming each package. Made otherwise (another cutoff), the

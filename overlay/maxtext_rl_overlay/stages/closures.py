@@ -8,9 +8,16 @@ What the registry lists changes by the hour; the project declares which
 moment of it a build resolves against: [tool.maxtext-rl-overlay]
 resolution-cutoff, given to uv as --exclude-newer (a file uploaded after it
 is never picked; the overlay's own wheels, in a --find-links folder, have no
-upload time and are always found: measured with uv 0.13.9). The closure is
-then a function of the project's commit, not of the day, of uv's cache, or
-of a constraints file already at the output path.
+upload time and are always found: measured with uv 0.13.9). The cutoff
+alone does not make the answer stable: a registry (or a mirror of one) can
+list a release uploaded before the cutoff days after it (pandas 3.1.2,
+uploaded at 17:12 on the cutoff's day, was first served a week later), and
+uv then picks it. So the project's committed constraints.txt, where it was
+resolved against the same cutoff, is the lock: its third-party pins are
+given to uv as preferences (uv keeps a preferred version wherever it still
+resolves), and a moved cutoff resolves afresh. The closure is then a
+function of the project's commit (constraints.txt is part of it), not of
+the day, of uv's cache, or of a constraints file at the output path.
 
 Resolving the closure is the slowest step of a rebuild whose inputs did not
 change, so its answer is cached (<cache>/closures/<key>.json, a
@@ -52,32 +59,34 @@ from .indexpages import STANDIN_OVERRIDES
 #: Its annotations (`# via ...`: why each package is in the closure) are kept.
 COMPILE_FLAGS = ("--quiet", "--no-header", "--generate-hashes")
 #: Bump when the cache entry's layout or the key's meaning changes.
-CLOSURE_CACHE_FORMAT = 3
+CLOSURE_CACHE_FORMAT = 4
 
 
 def resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Target, *, cutoff: str,
-            cache: pathlib.Path | None = None) -> str:
+            cache: pathlib.Path | None = None, prefer: str = "") -> str:
     """`uv pip compile` of the overlay for the target, together with the
     MaxText environment (its overrides file as constraints) and the
     closure's torch, against the registry as of `cutoff` (the project's
-    resolution-cutoff): the pinned closure. A cached answer for the same
-    inputs is reused."""
-    key, inputs = cache_key(index_dir, requirement, python, env, cutoff)
+    resolution-cutoff), keeping the versions of `prefer` (`name==version`
+    lines: the lock's, constraintsfile.lock_preferences) where they still
+    resolve: the pinned closure. A cached answer for the same inputs is
+    reused."""
+    key, inputs = cache_key(index_dir, requirement, python, env, cutoff, prefer)
     entry = buildcache.KINDS["closures"].entry(reader.cache_dir(cache), f"{key}.json", key, who="constraints", one_file=True)
     # Under the entry's lock: a concurrent build of the same closure waits, then reuses it.
     with entry.locked():
-        return _resolve(index_dir, requirement, python, env, cutoff, entry, inputs, reader.settings().refresh)
+        return _resolve(index_dir, requirement, python, env, cutoff, prefer, entry, inputs, reader.settings().refresh)
 
 
-def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str, entry: buildcache.Entry,
-             inputs: dict[str, Any], refresh: bool) -> str:
+def _resolve(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str, prefer: str,
+             entry: buildcache.Entry, inputs: dict[str, Any], refresh: bool) -> str:
     cached = None if refresh else _cached(entry)
     if cached is not None:
         closure = cached
         step.note("constraints", f"closure unchanged: reusing the resolution of {entry.key[:12]} (the registry as of {cutoff}; "
                                  "MRL_REFRESH=1 resolves afresh)")
     else:
-        closure = uv_compile(index_dir, requirement, python, env, cutoff)
+        closure = uv_compile(index_dir, requirement, python, env, cutoff, prefer)
     pinned = pins(closure)
     for name, want in (("torch", env.torch.version), ("torchvision", env.torch.torchvision)):
         if pinned.get(name) != want:
@@ -114,14 +123,19 @@ def moved_pins(old: str, new: str, *, ours: Collection[str] = ()) -> list[str]:
     return lines
 
 
-def uv_compile(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str) -> str:
-    """The closure as `uv pip compile` answers against the registry as of `cutoff`: no cache, no check."""
+def uv_compile(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str, prefer: str = "") -> str:
+    """The closure as `uv pip compile` answers against the registry as of
+    `cutoff`, keeping the versions of `prefer` where they resolve: no
+    cache, no check."""
     with scratch_dir("mrl-resolve-") as tmp:
         # Named for what they hold: uv's annotations name them (`# via -c ...`).
         constraints = tmp / "maxtext-and-torch-constraints.txt"
         constraints.write_text("".join(f"{line}\n" for line in (*env.constraints, *env.torch.requirements)))
-        # A fresh folder: no existing output file, whose pins uv would keep as preferences.
+        # uv keeps the pins of an existing output file as preferences: a fresh folder holds none
+        # but the ones given.
         output = tmp / "closure.txt"
+        if prefer:
+            output.write_text(prefer)
         cmd = [
             "uv", "pip", "compile", "-", *COMPILE_FLAGS, "--output-file", str(output),
             "--find-links", str(index_dir), "--python-version", TARGET_PYTHON,
@@ -143,7 +157,8 @@ def uv_compile(index_dir: pathlib.Path, requirement: str, python: str, env: Targ
         return output.read_text().replace(f"{tmp}{os.sep}", "")
 
 
-def cache_key(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str) -> tuple[str, dict[str, Any]]:
+def cache_key(index_dir: pathlib.Path, requirement: str, python: str, env: Target, cutoff: str,
+              prefer: str = "") -> tuple[str, dict[str, Any]]:
     """(key, inputs): the sha256 of everything the resolution of
     `requirement` against `index_dir` is given, and those inputs as stored
     beside the answer (uv variables only as digests: they may hold secrets)."""
@@ -151,6 +166,7 @@ def cache_key(index_dir: pathlib.Path, requirement: str, python: str, env: Targe
         "format": CLOSURE_CACHE_FORMAT,
         "requirement": requirement,
         "exclude_newer": cutoff,
+        "preferences": hashlib.sha256(prefer.encode()).hexdigest() if prefer else "",
         # By content, not path: the index is resolved in a fresh staging folder each build.
         "index": {f.name: sha256_file(f) for f in sorted(index_dir.iterdir()) if f.is_file()},
         "constraints": [*env.constraints, *env.torch.requirements],

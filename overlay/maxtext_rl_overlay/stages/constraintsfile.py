@@ -9,7 +9,7 @@ made from (inputdigests.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -97,6 +97,19 @@ def recorded_cutoff(text: str) -> str:
         if line.startswith(CUTOFF_LINE) and line.endswith(CUTOFF_TAIL):
             return line[len(CUTOFF_LINE):-len(CUTOFF_TAIL)]
     return ""
+
+
+def lock_preferences(text: str, cutoff: str, ours: Collection[str]) -> str:
+    """The pins a build keeps from the project's committed constraints file
+    `text` (closures.resolve's `prefer`): its third-party `name==version`
+    lines, one a package, where it was resolved against `cutoff`; "" where
+    it was not (a moved cutoff resolves afresh), where it is no file this
+    tool made, or where it records no cutoff. The overlay's own builds
+    (`ours`) are left out: the pins and the revision set their versions."""
+    if not text.startswith(CONSTRAINTS_HEADER) or recorded_cutoff(text) != cutoff:
+        return ""
+    skip = {canonicalize_name(n) for n in ours}
+    return "".join(f"{name}=={version}\n" for name, version in closures.pins(text).items() if name not in skip)
 
 
 def _making(text: str) -> list[str]:

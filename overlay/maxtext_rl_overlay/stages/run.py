@@ -159,8 +159,15 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             indexpages.write_simple(staging, sums)
             find_links = _relative(out, constraints_path.parent)
             requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
-            # Against the registry as of the project's cutoff: the same commit, the same closure, on any day.
-            closure = closures.resolve(staging, requirement, opts.python, env, cutoff=project.resolution_cutoff, cache=cache)
+            # Against the registry as of the project's cutoff, keeping the committed file's pins where it was
+            # resolved against the same cutoff: the same commit, the same closure, on any day.
+            ours: set[str] = {parse_wheel_filename(w)[0] for w in sums}
+            prefer = constraintsfile.lock_preferences(_read_text(project.root / "constraints.txt"), project.resolution_cutoff, ours)
+            if prefer:
+                step.note("constraints", f"keeping the pins of {project.root / 'constraints.txt'} where they resolve "
+                                         f"(resolved against the same cutoff, {project.resolution_cutoff})")
+            closure = closures.resolve(staging, requirement, opts.python, env, cutoff=project.resolution_cutoff, cache=cache,
+                                       prefer=prefer)
             standins = [n for n, e in entries.items() if not e.from_pin]
             left_out = [f"{n}'s {', '.join(e.left_out)}" for n, e in entries.items() if e.left_out]
             notes = [
@@ -183,7 +190,7 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
                                                                                       cutoff=project.resolution_cutoff))
             text = constraintsfile.constraints_text(closure, sums, find_links, notes=notes, env=env, made_by=made_by, inputs=inputs,
                                                     made_from=overlay.project, cutoff=project.resolution_cutoff)
-            _compare_with_previous(constraints_path, text, {parse_wheel_filename(w)[0] for w in sums})
+            _compare_with_previous(constraints_path, text, ours)
             after_the_index.callback(end_pair, constraints_path)  # last: once the file is in place (or removed)
             staged = after_the_index.enter_context(staged_file(constraints_path, text))
             # Again, before the index moves (a refusal after it would leave a mix): the file may have changed meanwhile.
@@ -340,13 +347,22 @@ def _environment_record(env: target.Target, adapter: manifest.Adapter | None, cu
                                       adapter, cutoff)
 
 
+def _read_text(path: pathlib.Path) -> str:
+    """A file's text; "" where there is none to read."""
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def _compare_with_previous(path: pathlib.Path, text: str, ours: set[str]) -> None:
-    """The constraints file a build replaces is never a preference, only a
-    witness: made from the same inputs (its header, the project commit
-    aside), its pins must be the new ones, or the registry changed under
-    the cutoff (a file yanked or deleted upstream), which is an error naming
-    each package; made otherwise (a moved cutoff, pin or requirement), the
-    pins that moved are said."""
+    """The constraints file a build replaces is a witness: made from the
+    same inputs (its header, the project commit aside), its pins must be
+    the new ones, or the registry can no longer serve one under the cutoff
+    (a file yanked or deleted upstream), which is an error naming each
+    package; made otherwise (a moved cutoff, pin or requirement), the pins
+    that moved are said. (Only the project's own file is a preference:
+    closures.resolve's `prefer`.)"""
     try:
         previous = path.read_text()
     except (OSError, UnicodeDecodeError):
