@@ -505,6 +505,10 @@ def explanation(result) -> str:
     if held:
         lines.append("held: " + ", ".join(f"{k} {gib(v)}" for k, v in held.items() if isinstance(v, int) and k != "parameters")
                      + f"; optimizer state by dtype {held.get('optimizer_state_by_dtype')}; {held.get('parameters', 0) / 1e6:.1f} M parameters")
+    freed = [(i + 1, (step.get("weight_sync") or {}).get("freed_bytes")) for i, step in enumerate(collections)]
+    if any(f is not None for _, f in freed):
+        lines.append("device memory the weight sync's full collections freed (MiB): "
+                     + ", ".join(f"step {i}: {'-' if f is None else f'{f / 2**20:.1f}'}" for i, f in freed))
     tokens, alone = result.get("rollout_tokens") or [], result.get("engine_alone") or {}
     steady = [i for i in range(2, len(phases))] or list(range(len(phases)))
     lines += sync_parts(result, steady)

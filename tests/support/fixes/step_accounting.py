@@ -20,6 +20,10 @@ What each measure is, and where it cannot be had:
   shows (Tunix's sync_weights runs a full gc.collect() every step). One in a
   thread in no phase (the engine's own threads) is the step's "other" though
   it overlaps the phases' wall: it holds the interpreter's lock meanwhile.
+  Each full collection (generation 2) also measures what it freed: the
+  devices' bytes in use (as memory below) before it and after it, summed by
+  phase as "freed_bytes": whether the sync's gc.collect() still frees device
+  memory once the sync frees its old buffers itself.
 - memory: each device's `memory_stats()` (bytes_in_use, peak_bytes_in_use,
   bytes_limit) where the backend gives them (a TPU); where it gives none (the
   CPU) the bytes of jax's live arrays, summed (no peak, no limit: said).
@@ -45,6 +49,9 @@ import threading
 import time
 from typing import Any
 
+# At import, not in memory(): a full collection's callback reads the memory (no import inside a collection).
+from support.fixes.train_rl_stand_ins import live_bytes
+
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 ANNOTATION = "mrl-phase"
 
@@ -65,6 +72,7 @@ class Compiles:
         self.step = -1  # the GRPO step now running (0-based); -1 before the first
         self.finished = False
         self._collecting: dict[int, float] = {}  # thread -> when its collection began
+        self._in_use: dict[int, int] = {}  # thread -> the devices' bytes in use as its full collection began
         self.collected: dict[int, float] = {}  # thread -> the seconds its collections took so far
         # Reentrant: a collection can start inside _add, in the thread holding the lock.
         self._lock = threading.RLock()
@@ -88,19 +96,25 @@ class Compiles:
 
     def _collection(self, stage: str, info: dict[str, Any]) -> None:
         ident = threading.get_ident()
+        full = info.get("generation") == 2
         if stage == "start":
+            if full:  # measured before the clock starts: the collection's seconds are its own
+                self._in_use[ident] = in_use_bytes()
             self._collecting[ident] = time.perf_counter()
             return
         began = self._collecting.pop(ident, None)
         if began is not None:
             seconds = time.perf_counter() - began
             self.collected[ident] = self.collected.get(ident, 0.0) + seconds
+            before = self._in_use.pop(ident, None)
+            freed = before - in_use_bytes() if full and before is not None else None
             c = self.collections
             # Only the collections worth naming (a young generation's take microseconds, thousands a step).
             self._add(c["setup"], c["steps"], c["after"], f"generation {info.get('generation')}", seconds,
-                      named=seconds >= 0.001)
+                      named=seconds >= 0.001, freed=freed)
 
-    def _add(self, setup: dict, by_step: list, after: dict, name: str, seconds: float, named: bool = True) -> None:
+    def _add(self, setup: dict, by_step: list, after: dict, name: str, seconds: float, named: bool = True,
+             freed: int | None = None) -> None:
         where = self.current.get(threading.get_ident())
         with self._lock:
             if where is None and self.step < 0:
@@ -114,6 +128,8 @@ class Compiles:
                 entry = by_step[step].setdefault(phase, _entry())
             entry["count"] += 1
             entry["seconds"] = round(entry["seconds"] + seconds, 3)
+            if freed is not None:
+                entry["freed_bytes"] = entry.get("freed_bytes", 0) + freed
             if named and len(entry["programs"]) < 40:
                 entry["programs"].append([name, round(seconds, 3)])
 
@@ -148,10 +164,13 @@ def memory() -> dict[str, Any]:
         keys = ("bytes_in_use", "peak_bytes_in_use", "bytes_limit", "largest_alloc_size")
         return {"source": "device.memory_stats()",
                 "devices": [{k: s.get(k) for k in keys if k in s} for s in stats]}
-    from support.fixes.train_rl_stand_ins import live_bytes
-
     return {"source": f"jax.live_arrays() (the {devices[0].platform} backend reports no memory statistics: no peak, no limit)",
             "devices": [{"bytes_in_use": used} for used in live_bytes(devices)]}
+
+
+def in_use_bytes() -> int:
+    """The bytes in use on all local devices, as memory() reads them."""
+    return sum(d.get("bytes_in_use") or 0 for d in memory()["devices"])
 
 
 def gib(n: float | None) -> str:
