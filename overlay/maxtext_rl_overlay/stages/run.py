@@ -363,10 +363,7 @@ def _compare_with_previous(path: pathlib.Path, text: str, ours: set[str]) -> Non
     package; made otherwise (a moved cutoff, pin or requirement), the pins
     that moved are said. (Only the project's own file is a preference:
     closures.resolve's `prefer`.)"""
-    try:
-        previous = path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return
+    previous = _read_text(path)
     if not previous.startswith(constraintsfile.CONSTRAINTS_HEADER):
         return
     drift = constraintsfile.unexplained_moves(previous, text, ours)
