@@ -30,7 +30,6 @@ import pathlib
 import sys
 from collections.abc import Callable
 
-from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -225,7 +224,7 @@ def check(doc: Manifest | None = None, *, require_pinned: bool = False, python: 
             else:
                 findings.append(Finding(name, Check.FILE, sha, found, ok, subject=relpath, remedy=reinstall))
     for name in sorted(doc.not_built):
-        if name == _maxtext_name(doc) and not _maxtext_installed():
+        if name == manifest.maxtext_name(doc.environment.maxtext) and not _maxtext_installed():
             continue  # the extra's alone, and not installed: nothing runs without the overlay's fixes
         # The release was built without it (build --only): whatever is
         # installed under that name carries none of the overlay's fixes.
@@ -339,11 +338,6 @@ def _version(name: str) -> str:
 
 def _maxtext_installed() -> bool:
     return _version("maxtext") != NOT_INSTALLED
-
-
-def _maxtext_name(doc: Manifest) -> str:
-    """The distribution the overlay's `maxtext` extra requires, normalized."""
-    return str(canonicalize_name(Requirement(doc.environment.maxtext).name)) if doc.environment.maxtext else ""
 
 
 def import_modules(doc: Manifest) -> dict[str, str]:

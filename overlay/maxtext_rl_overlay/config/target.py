@@ -129,10 +129,3 @@ def _exact(requires: list[str], extra: str, name: str, where: str) -> str:
             return versions[0]
         raise OverlayError(f"{where} asks for {line!r}: expected an exact {name}==VERSION pin, which the vLLM build must match.")
     raise OverlayError(f"{where} does not pin {name} in its {extra!r} extra; the closure's torch cannot be chosen from it.")
-
-
-def maxtext_name(env: Target) -> str:
-    """The normalized name of the distribution the `maxtext` extra requires (maxtext)."""
-    from packaging.utils import canonicalize_name
-
-    return str(canonicalize_name(Requirement(env.maxtext).name))

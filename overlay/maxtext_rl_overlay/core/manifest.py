@@ -15,6 +15,9 @@ import json
 from importlib import resources
 from typing import Any
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from .errors import OverlayError
 from .jsonread import json_object
 
@@ -120,6 +123,15 @@ class EnvironmentRecord:
     torch: TorchRecord
     maxtext_vllm_adapter: Adapter | None
     resolution_cutoff: str = ""  # the registry's moment the closure was resolved against; "" in a manifest from before it
+
+
+def maxtext_name(requirement: str) -> str:
+    """The normalized name of the distribution the `maxtext` extra's
+    requirement names (maxtext); "" for none (an environment recording no
+    requirement). The build asks it of its Target's requirement, verify of
+    the one the manifest records: it lives here, beside the record, as
+    verify imports nothing of config/ (a TPU VM needs nothing of the build)."""
+    return str(canonicalize_name(Requirement(requirement).name)) if requirement else ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -314,7 +314,7 @@ def _checked_record(pin: Pin, source: sources.Source, version: str, wheel: pathl
         )
     step.note(pin.distribution, f"built {wheel.name}")
     # MaxText itself is installed by the `maxtext` extra alone, not by the plain form.
-    extra = env.extra if canonicalize_name(pin.distribution) == target.maxtext_name(env) else ""
+    extra = env.extra if canonicalize_name(pin.distribution) == manifest.maxtext_name(env.maxtext) else ""
     return dataclasses.replace(_distribution_record(pin, source, version, wheel, applied, against), extra=extra)
 
 
