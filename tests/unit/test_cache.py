@@ -6,6 +6,7 @@ folder, and `clean` removes only what the tool keeps, only where it is tagged.""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -13,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 
 import pytest
 
@@ -235,6 +237,78 @@ def test_a_cached_source_tree_edited_in_the_cache_is_made_again(tmp_path, capsys
     assert (again.path / "run.sh").stat().st_mode & 0o100
     assert gittree.tree_id(again.path) == pin.tree
     assert f"[tpu-inference] ignoring a damaged kept source tree {pin.tree[:12]}: making it again" in capsys.readouterr().err
+
+
+def _wheel(path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, text in {**files, "maxtext-0.2.4.dist-info/METADATA": "Name: maxtext\nVersion: 0.2.4\n"}.items():
+            zf.writestr(name, text)
+    return path
+
+
+def test_a_release_wheel_unpacked_before_is_not_unpacked_again(tmp_path, monkeypatch, capsys):
+    """A pin with [release] is built from its wheel unpacked (MaxText's: 36
+    MiB, some 650 files): a build of a wheel of the same sha256 reuses the
+    cached tree its first build made, without unpacking it again, still
+    checked against the pin's tree; a wheel of another sha256, or a cached
+    tree that is damaged or gone, is unpacked."""
+    import dataclasses
+
+    from maxtext_rl_overlay.config.pins import Release, load_project
+    from maxtext_rl_overlay.core import gittree
+    from maxtext_rl_overlay.core.digest import sha256_file
+    from maxtext_rl_overlay.stages import sources
+
+    wheel = _wheel(tmp_path / "maxtext-0.2.4-py3-none-any.whl", {"maxtext/__init__.py": "PINNED = True\n"})
+    sources.unpack_wheel(wheel, tmp_path / "pinned")
+    sha = sha256_file(wheel)
+    pin = dataclasses.replace(load_project(ROOT).pins["maxtext"], release=Release(wheel.name, sha), tree=gittree.tree_id(tmp_path / "pinned"))
+    unpacked: list[str] = []
+    unpack = sources.unpack_wheel
+
+    def counted(w: pathlib.Path, dest: pathlib.Path) -> str:
+        unpacked.append(sha256_file(w))
+        return unpack(w, dest)
+
+    monkeypatch.setattr(sources, "unpack_wheel", counted)
+    cache = tmp_path / "cache"
+
+    first = sources.obtain(pin, str(wheel), allow_unpinned=False, cache=cache)
+    assert first.from_pin and first.tree == pin.tree and first.upstream_version == "0.2.4"
+    assert unpacked == [sha]
+    assert "unpacking" in capsys.readouterr().err
+    again = sources.obtain(pin, str(wheel), allow_unpinned=False, cache=cache)
+    assert again == first, "the same tree, from the same entry"
+    assert unpacked == [sha], "the same wheel is not unpacked again"
+    assert "unpacking" not in capsys.readouterr().err
+    with pytest.raises(OverlayError, match="unpacks to tree .* records tree 0{40}"):
+        sources.obtain(dataclasses.replace(pin, tree="0" * 40), str(wheel), allow_unpinned=False, cache=cache)
+    assert len(unpacked) == 1, "the pin's tree is checked against the recorded one"
+
+    (tmp_path / "other").mkdir()  # a stand-in: the pinned wheel's name, other files
+    other = _wheel(tmp_path / "other" / wheel.name, {"maxtext/__init__.py": "PINNED = False\n"})
+    stand_in = sources.obtain(pin, str(other), allow_unpinned=True, cache=cache)
+    assert not stand_in.from_pin and stand_in.tree != pin.tree
+    assert unpacked == [sha, sha256_file(other)], "a wheel of another sha256 is unpacked"
+    assert sources.obtain(pin, str(other), allow_unpinned=True, cache=cache).path == stand_in.path
+    assert len(unpacked) == 2
+
+    (first.path / "maxtext" / "__init__.py").write_text("PINNED = False  # edited in the cache\n")
+    assert sources.obtain(pin, str(wheel), allow_unpinned=False, cache=cache) == first
+    assert (first.path / "maxtext" / "__init__.py").read_text() == "PINNED = True\n"
+    assert len(unpacked) == 3, "a damaged cached tree is unpacked again"
+    shutil.rmtree(first.path.parent)
+    assert sources.obtain(pin, str(wheel), allow_unpinned=False, cache=cache) == first
+    assert len(unpacked) == 4, "and so is a missing one"
+    assert sources.obtain(pin, str(wheel), allow_unpinned=False, cache=cache) == first
+    assert len(unpacked) == 4
+    capsys.readouterr()
+    (cache / "sources" / f"maxtext-wheel-{sha}.json").write_text(json.dumps({"key": sha, "tree": "../elsewhere"}))
+    assert sources.obtain(pin, str(wheel), allow_unpinned=False, cache=cache) == first
+    assert len(unpacked) == 5, "as is a wheel whose record is damaged"
+    assert f"[maxtext] ignoring a damaged kept source tree {sha[:12]}: making it again" in capsys.readouterr().err
+    assert sources.obtain(pin, str(wheel), allow_unpinned=False, cache=cache) == first
+    assert len(unpacked) == 5
 
 
 def test_a_compiled_wheel_is_kept_by_its_compiler_too(tmp_path, monkeypatch):

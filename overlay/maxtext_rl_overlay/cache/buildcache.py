@@ -99,7 +99,7 @@ class Kind:
 
 #: The folders the tool keeps in the cache: all that `clean` removes.
 KINDS = {kind.folder: kind for kind in (
-    Kind("sources", "checked-out source trees (sources.py)", Said("source tree", "making it again")),
+    Kind("sources", "checked-out source trees, and the tree each release wheel unpacked to (sources.py)", Said("source tree", "making it again")),
     Kind("git", "git mirrors of the upstreams (sources.py, rebase)"),
     Kind("patched", "patched trees (patching.py)", Said("patched tree", "patching afresh")),
     Kind("wheels", "built wheels (wheels.py)", Said("wheel", "building afresh")),

@@ -15,6 +15,7 @@ import dataclasses
 import email.parser
 import os
 import pathlib
+import re
 import shutil
 import tarfile
 import zipfile
@@ -44,6 +45,9 @@ class Source:
     date: str = ""  # the commit date, where git history came with the tree
     release: pathlib.Path | None = None  # the release wheel the tree was unpacked from (a pin with [release])
 
+
+#: A git object id: a tree's, which names its entry.
+_HEX40 = re.compile(r"[0-9a-f]{40}")
 
 #: How long fetching one pinned commit may take before we give up on the network.
 FETCH_TIMEOUT = 600
@@ -295,21 +299,71 @@ def _from_release(pin: Pin, given: str | None, cache: pathlib.Path, *, allow_unp
         raise OverlayError(f"{pin.distribution}: {origin} has sha256 {sha}, not the pinned {release.wheel}'s {release.sha256} "
                            f"({pin.pin_file} [release]). Give the pinned wheel, or pass --unpinned to build this one as a "
                            "stand-in, labelled as not built from the pin.")
-    with scratch_dir("mrl-unpack-") as root:
-        with step(pin.distribution, f"unpacking {wheel.name}"):
-            version = unpack_wheel(wheel, root / TREE)
-        tree = gittree.tree_id(root / TREE)
-        from_pin = sha == release.sha256 and tree == pin.tree
-        if sha == release.sha256 and pin.tree and tree != pin.tree:
-            raise OverlayError(f"{pin.distribution}: {release.wheel} unpacks to tree {tree}, but {pin.pin_file} records tree "
-                               f"{pin.tree}. The pin file is wrong; fix its tree.")
-        entry = _entry(cache, pin, tree)
-        with entry.locked():
-            if not _reusable(entry):
-                entry.make(lambda staged: _record(_copy(root / TREE, staged / TREE), wheel=wheel.name, sha256=sha))
+    tree, version = _release_tree(pin, wheel, sha, cache), _wheel_version(wheel)
+    from_pin = sha == release.sha256 and tree == pin.tree
     if not from_pin:
         step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version}): wheels will be labelled unpinned")
-    return Source(pin.distribution, entry.path / TREE, tree, None, from_pin, origin, version, release=wheel)
+    return Source(pin.distribution, _entry(cache, pin, tree).path / TREE, tree, None, from_pin, origin, version, release=wheel)
+
+
+def _wheel_entry(cache: pathlib.Path, pin: Pin, sha: str) -> buildcache.Entry:
+    """What a release wheel unpacked to, `sources/<dist>-wheel-<sha256>.json`:
+    a record of the tree id of its files, found by the wheel's sha256 and
+    written once their tree's entry is whole, so that a build of a wheel
+    unpacked before finds that entry without unpacking and hashing it again
+    (MaxText's wheel: 36 MiB, some 650 files)."""
+    return buildcache.KINDS["sources"].entry(cache, f"{pin.distribution}-wheel-{sha}.json", sha, who=pin.distribution, one_file=True)
+
+
+def _recorded_tree(record: dict[str, Any]) -> str:
+    tree = record["tree"]
+    if not isinstance(tree, str) or not _HEX40.fullmatch(tree):  # it names an entry's folder: nothing else
+        raise buildcache.Damaged
+    return tree
+
+
+def _release_tree(pin: Pin, wheel: pathlib.Path, sha: str, cache: pathlib.Path) -> str:
+    """The tree id of the files of `wheel` (of sha256 `sha`), whose entry
+    (_entry) holds them, whole: the one a build of the same wheel recorded
+    (_wheel_entry), where that entry is still whole and unaltered (_reusable,
+    as every source's), else unpacked and hashed here. Either way a tree
+    other than the pin's, from the pinned wheel, is refused. Under the
+    record's lock throughout: a second build of the wheel waits for the
+    first, then reuses what it made."""
+    index = _wheel_entry(cache, pin, sha)
+    with index.locked():
+        tree = index.reuse(_recorded_tree)  # none, or a damaged record (said): unpack
+        if tree is not None:
+            _check_release_tree(pin, tree, sha)
+            entry = _entry(cache, pin, tree)
+            with entry.locked():
+                if _reusable(entry):
+                    return tree
+        with scratch_dir("mrl-unpack-") as root:
+            with step(pin.distribution, f"unpacking {wheel.name}"):
+                unpack_wheel(wheel, root / TREE)
+            tree = gittree.tree_id(root / TREE)
+            _check_release_tree(pin, tree, sha)
+            entry = _entry(cache, pin, tree)
+            with entry.locked():
+                if not _reusable(entry):
+                    entry.make(lambda staged: _record(_copy(root / TREE, staged / TREE), wheel=wheel.name, sha256=sha))
+        # Written once the tree's entry is whole (atomically: a one-file
+        # entry), so a record found always names a tree that was made.
+        index.make(lambda _: {"tree": tree, "wheel": wheel.name})
+    return tree
+
+
+def _check_release_tree(pin: Pin, tree: str, sha: str) -> None:
+    release = pin.release
+    assert release is not None
+    if sha == release.sha256 and pin.tree and tree != pin.tree:
+        raise OverlayError(f"{pin.distribution}: {release.wheel} unpacks to tree {tree}, but {pin.pin_file} records tree "
+                           f"{pin.tree}. The pin file is wrong; fix its tree.")
+
+
+def _wheel_version(wheel: pathlib.Path) -> str:
+    return wheel.name.split("-")[1]
 
 
 def unpack_wheel(wheel: pathlib.Path, dest: pathlib.Path) -> str:
@@ -330,4 +384,4 @@ def unpack_wheel(wheel: pathlib.Path, dest: pathlib.Path) -> str:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(zf.read(info))
             os.chmod(path, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
-    return wheel.name.split("-")[1]
+    return _wheel_version(wheel)
