@@ -38,7 +38,15 @@ through torchax, whose dict state Tunix's sync cannot take: an
 AttributeError at the first sync at the pins) and deepseek3 (its mapping
 names layers a scanned DeepSeek lacks) are refused before the first sync,
 naming the configuration that works (the maxtext series' 0002); deepseek2
-has no MaxText mapping (MaxText's ValueError, before the rollout is made).
+and gemma4 have no MaxText mapping (MaxText's ValueError, before the
+rollout is made).
+
+Unscanned (`scan_layers=False`, maxtext_models.UNSCANNED and
+gemma4-unscanned): in `maxtext_on_vllm` every family syncs as scanned
+(gpt-oss up to the same kernel); in `vllm_native` MaxText's mapping names
+the scanned stack only, so every family is refused before the engine
+starts (the maxtext series' 0003) where every layer weight would have
+stayed stale.
 
 Full matrix only (an engine start a run, 45-120 s each on 2 cores); the
 quick matrix has 0002's and 0003's own tests.
@@ -87,6 +95,8 @@ MOE_WIDTH = ("--vllm-model", '{"dims": {"base_moe_mlp_dim": 1024}}')
 #: The maxtext series' 0002: refused before the first sync, naming maxtext_on_vllm.
 NATIVE_REFUSED = ("NotImplementedError", "cannot be synced into vLLM's own model")
 MLA_REFUSED = ("ValidationError", "MLA models require both the NEW_MODEL_DESIGN=1")
+#: The maxtext series' 0003: an unscanned actor into vLLM's own model, refused before the engine starts.
+UNSCANNED_REFUSED = ("NotImplementedError", "names the scanned actor's layers only")
 
 OUTCOMES = {
     ("llama3", "maxtext_on_vllm"): Outcome(),
@@ -104,6 +114,15 @@ OUTCOMES = {
     # (float32; one run each: tokens equal, the largest difference 1.3e-04 scanned, 1.2e-04 unscanned)
     ("gemma4", "maxtext_on_vllm"): Outcome(logprob_tolerance=1e-3, args=MOE_WIDTH),
     ("gemma4-unscanned", "maxtext_on_vllm"): Outcome(logprob_tolerance=1e-3, args=MOE_WIDTH),
+    # The actor unscanned (scan_layers=False; maxtext_models.UNSCANNED): one run each,
+    # tokens equal, the largest difference 1.4e-06 to 3.1e-06.
+    ("llama3-unscanned", "maxtext_on_vllm"): Outcome(),
+    ("gemma3-unscanned", "maxtext_on_vllm"): Outcome(),
+    ("qwen2-unscanned", "maxtext_on_vllm"): Outcome(),
+    ("qwen3-unscanned", "maxtext_on_vllm"): Outcome(),
+    ("qwen3-moe-unscanned", "maxtext_on_vllm"): Outcome(args=MOE_WIDTH),
+    ("gpt-oss-unscanned", "maxtext_on_vllm"): Outcome(stops=("ValueError", "should be divisible by 2 * num_lanes when fuse_act is enabled"),
+                                                      args=MOE_WIDTH, synced=True),
     ("deepseek3", "maxtext_on_vllm"): Outcome(stops=MLA_REFUSED),
     ("deepseek2", "maxtext_on_vllm"): Outcome(stops=MLA_REFUSED),
     ("llama3", "vllm_native"): Outcome(),
@@ -117,6 +136,18 @@ OUTCOMES = {
     ("gpt-oss", "vllm_native"): Outcome(stops=NATIVE_REFUSED),
     ("deepseek3", "vllm_native"): Outcome(stops=NATIVE_REFUSED),
     ("deepseek2", "vllm_native"): Outcome(stops=("ValueError", "deepseek2-16b vLLM weight mapping not found.")),
+    # MaxText has no Gemma 4 mapping for vLLM's own model (its ValueError, before the rollout is made).
+    ("gemma4", "vllm_native"): Outcome(stops=("ValueError", "gemma4-26b vLLM weight mapping not found."), args=MOE_WIDTH),
+    # The actor unscanned: MaxText's mapping names the scanned stack only. Without 0003 (one run each)
+    # every layer weight stayed stale and the overlay's Tunix stopped at the first sync naming them
+    # (llama3 36 of 39, qwen2 48 of 50, qwen3 44 of 47, gpt-oss with flax_nnx 76 of 79).
+    ("llama3-unscanned", "vllm_native"): Outcome(stops=UNSCANNED_REFUSED),
+    ("qwen2-unscanned", "vllm_native"): Outcome(stops=UNSCANNED_REFUSED),
+    ("qwen3-unscanned", "vllm_native"): Outcome(stops=UNSCANNED_REFUSED),
+    ("gpt-oss-unscanned", "vllm_native", "flax_nnx"): Outcome(stops=UNSCANNED_REFUSED, args=("--model-impl", "flax_nnx")),
+    ("gemma3-unscanned", "vllm_native"): Outcome(stops=UNSCANNED_REFUSED),
+    ("qwen3-moe-unscanned", "vllm_native"): Outcome(stops=UNSCANNED_REFUSED),
+    ("gemma4-unscanned", "vllm_native"): Outcome(stops=UNSCANNED_REFUSED, args=MOE_WIDTH),
 }
 
 

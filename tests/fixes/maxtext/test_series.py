@@ -16,7 +16,8 @@ from support.fixes.unpatched import load_unpatched
 pytestmark = [
     pytest.mark.skipif(maxtext_shims.ADAPTER is None, reason="needs MaxText (the matrix's maxtext-0.2.4 cell): would have checked "
                        "MaxText's series against the 0.2.4 release's code: train_rl runs unwrapped, Gemma-only pre-unroll, the "
-                       "Qwen LM head's mapping, vLLM-native targets refused before the first sync"),
+                       "Qwen LM head's mapping, vLLM-native targets refused before the first sync, an unscanned actor refused there before "
+                       "the engine starts"),
     pytest.mark.skipif(maxtext_shims.GLOBAL, reason="the plain run's: the session-wide shims are not on these functions' paths"),
 ]
 
@@ -147,3 +148,28 @@ def test_a_torchax_target_is_refused_before_the_first_sync():
     with pytest.raises(NotImplementedError, match=r"gemma3-4b cannot be synced into vLLM's own model .* torchax .* \"maxtext_config\""):
         installed._refuse_torchax_target(types.SimpleNamespace(transformer_state={}), "gemma3-4b")
     installed._refuse_torchax_target(types.SimpleNamespace(transformer_state=nnx.State({})), "llama3.1-8b")  # a JAX model: synced
+
+
+def test_an_unscanned_actor_in_vllms_own_model_is_refused_before_the_engine_starts():
+    import maxtext.integration.vllm.maxtext_vllm_rollout as installed
+    from maxtext.integration.tunix.utils import VllmWeightMapping
+
+    # The release's mapping for vLLM's own model names the scanned stack only, whatever the actor's
+    # scan_layers: an unscanned actor's `layers_K` reach no key (test_families: every layer weight stale).
+    keys = VllmWeightMapping("llama3.1-8b", {"num_hidden_layers": 4}).to_hf_mapping()
+    layer_keys = [k for k in keys if ".decoder.layers" in k]
+    assert layer_keys and all(".decoder.layers." in k for k in layer_keys), layer_keys
+
+    def construct(scan_layers: bool, overrides=None):
+        maxtext_config = types.SimpleNamespace(model_name="llama3.1-8b", scan_layers=scan_layers, vllm_additional_config={},
+                                               vllm_hf_overrides=overrides)
+        rollout_config = types.SimpleNamespace(kv_cache_size=64, rollout_vllm_additional_config={})
+        return installed.MaxTextVllmRollout(None, None, None, rollout_config, maxtext_config)
+
+    with pytest.raises(NotImplementedError, match=r"llama3.1-8b cannot be synced into vLLM's own model .* scan_layers=False"):
+        construct(False)
+    # Scanned, or MaxText's model in vLLM (whose direct sync maps `layers_K` to `layers_K`), the same
+    # construction goes past the check, and stops further on, on what these stand-ins lack.
+    for scan_layers, overrides in ((True, None), (False, {"architectures": ["MaxTextForCausalLM"]})):
+        with pytest.raises(AttributeError):
+            construct(scan_layers, overrides)

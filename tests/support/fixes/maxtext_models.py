@@ -238,6 +238,13 @@ VLLM_FAMILIES = {
                                "n_routed_experts": 8, "num_experts_per_tok": 2, "kv_lora_rank": 64,
                                "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32})),
 }
+#: The families MaxText also builds with an unscanned actor (`scan_layers=False`,
+#: a user's choice, as Gemma 4's shipped recipe makes it; Gemma 4's own
+#: `gemma4-unscanned` is above): the same models, their layers `layers_K` in
+#: the actor as in the engine. (DeepSeek stops at the engine either way.)
+UNSCANNED = ("llama3", "gemma3", "qwen2", "qwen3", "qwen3-moe", "gpt-oss")
+VLLM_FAMILIES.update({f"{name}-unscanned": dataclasses.replace(VLLM_FAMILIES[name], name=f"{name}-unscanned", scan_layers=False)
+                      for name in UNSCANNED})
 
 
 def actor(family: Family, **dims):
