@@ -266,9 +266,9 @@ def test_a_release_wheel_unpacked_before_is_not_unpacked_again(tmp_path, monkeyp
     unpacked: list[str] = []
     unpack = sources.unpack_wheel
 
-    def counted(w: pathlib.Path, dest: pathlib.Path) -> str:
+    def counted(w: pathlib.Path, dest: pathlib.Path) -> None:
         unpacked.append(sha256_file(w))
-        return unpack(w, dest)
+        unpack(w, dest)
 
     monkeypatch.setattr(sources, "unpack_wheel", counted)
     cache = tmp_path / "cache"

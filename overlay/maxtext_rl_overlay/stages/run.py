@@ -158,7 +158,7 @@ def _build(project: Project, chosen: list[Pin], opts: BuildOptions, cache: pathl
             sums = indexpages.write_index(staging)
             indexpages.write_simple(staging, sums)
             find_links = _relative(out, constraints_path.parent)
-            requirement = f"maxtext-rl-overlay[{env.extra}]=={_wheel_version(overlay_wheel)}"
+            requirement = f"maxtext-rl-overlay[{env.extra}]=={sources.wheel_file_version(overlay_wheel)}"
             # Against the registry as of the project's cutoff, keeping the committed file's pins where it was
             # resolved against the same cutoff: the same commit, the same closure, on any day.
             ours: set[str] = {parse_wheel_filename(w)[0] for w in sums}
@@ -266,10 +266,6 @@ def got_from(pin: Pin) -> str:
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
     rel = os.path.relpath(target, start)
     return rel if rel.startswith(".") else "./" + rel
-
-
-def _wheel_version(wheel: pathlib.Path) -> str:
-    return str(parse_wheel_filename(wheel.name)[1])
 
 
 def _build_upstream(project: Project, pin: Pin, opts: BuildOptions, env: target.Target, staging: pathlib.Path,

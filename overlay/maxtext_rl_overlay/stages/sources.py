@@ -21,6 +21,8 @@ import tarfile
 import zipfile
 from typing import Any
 
+from packaging.utils import parse_wheel_filename
+
 from ..cache import buildcache
 from ..config import reader, registry
 from ..config.pins import Pin
@@ -299,7 +301,7 @@ def _from_release(pin: Pin, given: str | None, cache: pathlib.Path, *, allow_unp
         raise OverlayError(f"{pin.distribution}: {origin} has sha256 {sha}, not the pinned {release.wheel}'s {release.sha256} "
                            f"({pin.pin_file} [release]). Give the pinned wheel, or pass --unpinned to build this one as a "
                            "stand-in, labelled as not built from the pin.")
-    tree, version = _release_tree(pin, wheel, sha, cache), _wheel_version(wheel)
+    tree, version = _release_tree(pin, wheel, sha, cache), wheel_file_version(wheel)
     from_pin = sha == release.sha256 and tree == pin.tree
     if not from_pin:
         step.note(pin.distribution, f"UNPINNED source {origin} (tree {tree[:12]}, version {version}): wheels will be labelled unpinned")
@@ -362,13 +364,14 @@ def _check_release_tree(pin: Pin, tree: str, sha: str) -> None:
                            f"{pin.tree}. The pin file is wrong; fix its tree.")
 
 
-def _wheel_version(wheel: pathlib.Path) -> str:
-    return wheel.name.split("-")[1]
+def wheel_file_version(wheel: pathlib.Path) -> str:
+    """The version a wheel's file name gives."""
+    return str(parse_wheel_filename(wheel.name)[1])
 
 
-def unpack_wheel(wheel: pathlib.Path, dest: pathlib.Path) -> str:
+def unpack_wheel(wheel: pathlib.Path, dest: pathlib.Path) -> None:
     """Write a wheel's files but its .dist-info into `dest` (mode 0755 where
-    the archive marks a file executable, else 0644); its version."""
+    the archive marks a file executable, else 0644)."""
     dest.mkdir()
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
@@ -384,4 +387,3 @@ def unpack_wheel(wheel: pathlib.Path, dest: pathlib.Path) -> str:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(zf.read(info))
             os.chmod(path, 0o755 if (info.external_attr >> 16) & 0o111 else 0o644)
-    return _wheel_version(wheel)
